@@ -1,0 +1,1 @@
+"""evermirror: a self-hostable service that speaks the Everruns session API."""

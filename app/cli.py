@@ -1,0 +1,171 @@
+"""Command line: `serve`, `migrate`, `keys create|list|revoke`, `openapi`."""
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import logging
+import socket
+import sys
+from pathlib import Path
+
+from app.settings import Settings, get_settings
+
+LOOPBACK_NAMES = {"localhost", "localhost.localdomain"}
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
+        except OSError:
+            return False
+
+
+async def _has_keys(settings: Settings) -> bool:
+    from sqlalchemy import select
+
+    from app.db import models
+    from app.db.session import Database
+
+    database = Database.from_settings(settings)
+    try:
+        async with database.read() as db:
+            return await db.scalar(select(models.ApiKey.id).where(models.ApiKey.revoked_at.is_(None)).limit(1)) is not None
+    finally:
+        await database.dispose()
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.db.migrate import upgrade
+    from app.main import create_app
+
+    overrides: dict[str, object] = {}
+    if args.host:
+        overrides["host"] = args.host
+    if args.port:
+        overrides["port"] = args.port
+    if args.no_migrate:
+        overrides["auto_migrate"] = False
+    settings = Settings(**overrides)  # type: ignore[arg-type]  # pydantic-settings accepts overrides
+    if settings.should_auto_migrate:
+        upgrade(settings.database_url)
+        settings = settings.model_copy(update={"auto_migrate": False})
+    if not is_loopback(settings.host) and not args.insecure and not asyncio.run(_has_keys(settings)):
+        print(
+            f"refusing to serve on {settings.host}: no API keys exist, so the service would be open to "
+            "anyone. Create one with `python -m app keys create --org <org_id>`, or pass --insecure.",
+            file=sys.stderr,
+        )
+        return 2
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        proxy_headers=True,
+        timeout_graceful_shutdown=5,
+    )
+    return 0
+
+
+def migrate(_args: argparse.Namespace) -> int:
+    from app.db.migrate import upgrade
+
+    settings = get_settings()
+    upgrade(settings.database_url)
+    print(f"migrated {settings.database_url.split('@')[-1]} to head")
+    return 0
+
+
+async def _keys(args: argparse.Namespace) -> int:
+    from app import auth
+    from app.db.session import Database
+    from app.ids import IdParseError, format_id, parse_id
+
+    database = Database.from_settings(get_settings())
+    try:
+        if args.keys_command == "create":
+            try:
+                org = parse_id("org", args.org)
+            except IdParseError as exc:
+                print(f"Invalid organization ID: {exc}", file=sys.stderr)
+                return 2
+            async with database.write() as db:
+                row, key = await auth.create_key(db, organization_id=org, name=args.name)
+            print(key)
+            print(f"created {format_id('key', row.id)} for {args.org}; the key is shown once", file=sys.stderr)
+        elif args.keys_command == "list":
+            async with database.read() as db:
+                for row in await auth.list_keys(db):
+                    state = "revoked" if row.revoked_at else "active"
+                    print(f"{format_id('key', row.id)}\t{format_id('org', row.organization_id)}\t{row.prefix}…\t{state}\t{row.name or ''}")
+        elif args.keys_command == "revoke":
+            async with database.write() as db:
+                if args.key.startswith("key_"):
+                    count = await auth.revoke_key(db, key_id=parse_id("key", args.key))
+                else:
+                    count = await auth.revoke_key(db, prefix=args.key[:12])
+            print(f"revoked {count} key(s)")
+            return 0 if count else 1
+        return 0
+    finally:
+        await database.dispose()
+
+
+def keys(args: argparse.Namespace) -> int:
+    return asyncio.run(_keys(args))
+
+
+def openapi(args: argparse.Namespace) -> int:
+    from app.main import create_app
+
+    document = json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True) + "\n"
+    if args.output == "-":
+        sys.stdout.write(document)
+    else:
+        Path(args.output).write_text(document)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    parser = argparse.ArgumentParser(prog="evermirror", description="An Everruns-compatible session service")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    p_serve = commands.add_parser("serve", help="run the HTTP server")
+    p_serve.add_argument("--host")
+    p_serve.add_argument("--port", type=int)
+    p_serve.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations at start-up")
+    p_serve.add_argument("--insecure", action="store_true", help="allow a non-loopback address without API keys")
+    p_serve.set_defaults(func=serve)
+
+    commands.add_parser("migrate", help="apply migrations to DATABASE_URL").set_defaults(func=migrate)
+
+    p_keys = commands.add_parser("keys", help="manage API keys")
+    key_commands = p_keys.add_subparsers(dest="keys_command", required=True)
+    p_create = key_commands.add_parser("create", help="create a key; prints it once")
+    p_create.add_argument("--org", required=True, help="organization id, org_<32 hex>")
+    p_create.add_argument("--name")
+    key_commands.add_parser("list", help="list keys (never the keys themselves)")
+    p_revoke = key_commands.add_parser("revoke", help="revoke a key by its key_ id or the key itself")
+    p_revoke.add_argument("key")
+    p_keys.set_defaults(func=keys)
+
+    p_openapi = commands.add_parser("openapi", help="write the OpenAPI document")
+    p_openapi.add_argument("--output", default="openapi/openapi.json")
+    p_openapi.set_defaults(func=openapi)
+
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Database layer: engines, sessions, column types, ORM models and dialect helpers."""

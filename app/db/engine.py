@@ -1,0 +1,107 @@
+"""Engines for both dialects. SQLite gets its pragmas and explicit BEGIN handling here;
+PostgreSQL gets its pool. Nothing outside app/db/ branches on the dialect."""
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from app.settings import Settings
+
+
+def _sqlite_file(url: str) -> Path | None:
+    database = make_url(url).database
+    if not database or database == ":memory:":
+        return None
+    return Path(database)
+
+
+def _install_sqlite_hooks(engine: AsyncEngine, *, immediate: bool, busy_timeout_ms: int) -> None:
+    begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # pysqlite's implicit BEGIN starts transactions lazily at the first write, which
+        # lets two writers both read and then deadlock on the upgrade; we emit our own.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        # WAL: readers never block the writer and the writer never blocks readers.
+        cursor.execute("PRAGMA journal_mode=WAL")
+        # Enforce ON DELETE CASCADE from sessions to events and messages.
+        cursor.execute("PRAGMA foreign_keys=ON")
+        # Wait for another process's write lock instead of failing with "database is locked".
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        # With WAL, NORMAL is durable across application crashes (only an OS crash can
+        # lose the last transactions) and avoids an fsync per commit.
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        # Writers take the write lock up front (BEGIN IMMEDIATE): a deferred transaction
+        # that reads and then writes can fail with SQLITE_BUSY without waiting.
+        conn.exec_driver_sql(begin)
+
+
+def create_engines(settings: Settings) -> tuple[AsyncEngine, AsyncEngine]:
+    """Return (read engine, write engine). On PostgreSQL they are the same engine."""
+    url = settings.database_url
+    if url.startswith("sqlite"):
+        path = _sqlite_file(url)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        busy_s = settings.sqlite_busy_timeout_ms / 1000
+        reader = create_async_engine(url, pool_size=8, max_overflow=8, connect_args={"timeout": busy_s})
+        # One writer connection per process: in-process writers queue on the pool (no lock
+        # spinning), and the busy timeout covers writers in other processes (the CLI).
+        writer = create_async_engine(
+            url, pool_size=1, max_overflow=0, pool_timeout=120, connect_args={"timeout": busy_s}
+        )
+        _install_sqlite_hooks(reader, immediate=False, busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+        _install_sqlite_hooks(writer, immediate=True, busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+        return reader, writer
+    engine = create_async_engine(
+        url,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pool_timeout=settings.db_pool_timeout_seconds,
+        # A restarted server leaves dead connections in the pool; ping before use.
+        pool_pre_ping=True,
+        pool_recycle=1800,
+        connect_args={
+            "server_settings": {
+                "application_name": "evermirror",
+                "statement_timeout": str(settings.db_statement_timeout_ms),
+            },
+        },
+    )
+    return engine, engine
+
+
+def create_migration_engine(url: str) -> AsyncEngine:
+    """A single-connection engine for Alembic, with plain BEGIN handling."""
+    if url.startswith("sqlite"):
+        path = _sqlite_file(url)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(url, pool_size=1, max_overflow=0)
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            # Batch migrations rebuild tables; with FKs on, dropping the old table would
+            # cascade-delete every child row.
+            cursor.execute("PRAGMA foreign_keys=OFF")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_async_engine(url, pool_size=1, max_overflow=0)

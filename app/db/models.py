@@ -1,0 +1,100 @@
+"""ORM models: sessions, the durable event log, messages (rendered snapshots) and API keys."""
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.db.base import Base
+from app.db.types import JsonVariant, UtcDateTime
+
+
+class Session(Base):
+    __tablename__ = "sessions"
+    __table_args__ = (Index(None, "organization_id", "created_at"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    organization_id: Mapped[uuid.UUID]
+    title: Mapped[str | None] = mapped_column(String(1000))
+    status: Mapped[str] = mapped_column(String(32))
+    tags: Mapped[list[str]] = mapped_column(JsonVariant)
+    # Every other create-time field (locale, goal, hints, model_id, agent_id, metadata, ...),
+    # kept as sent so the wire shape can echo it.
+    attributes: Mapped[dict[str, Any]] = mapped_column(JsonVariant)
+    # The per-session event sequence; bumped under the row lock by every checkpoint.
+    last_sequence: Mapped[int] = mapped_column(Integer, default=0)
+    # Message counters kept in the checkpoint transaction, so `total` never needs a COUNT.
+    visible_message_count: Mapped[int] = mapped_column(Integer, default=0)
+    internal_message_count: Mapped[int] = mapped_column(Integer, default=0)
+    active_turn_id: Mapped[uuid.UUID | None]
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    last_activity_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class Event(Base):
+    __tablename__ = "events"
+    __table_args__ = (
+        UniqueConstraint("session_id", "sequence"),
+        Index(None, "session_id", "type"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    session_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    sequence: Mapped[int] = mapped_column(Integer)
+    type: Mapped[str] = mapped_column(String(64))
+    turn_id: Mapped[uuid.UUID | None]
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    # The wire JSON of the event, rendered once when it is appended.
+    body: Mapped[str] = mapped_column(Text)
+
+
+class Message(Base):
+    __tablename__ = "messages"
+    __table_args__ = (
+        UniqueConstraint("session_id", "sequence"),
+        UniqueConstraint("session_id", "client_message_id"),
+        Index(None, "session_id", "visibility", "sequence"),
+        Index(None, "session_id", "changed_sequence"),
+        Index(None, "state"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    session_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    # The sequence of the event that created the message; immutable.
+    sequence: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16))
+    visibility: Mapped[str] = mapped_column(String(16))
+    revision: Mapped[int] = mapped_column(Integer)
+    turn_id: Mapped[uuid.UUID | None]
+    client_message_id: Mapped[str | None] = mapped_column(String(200))
+    # Every part, including provider_opaque parts the API never returns.
+    content: Mapped[list[dict[str, Any]]] = mapped_column(JsonVariant)
+    # Fields of the wire shape that are not columns (controls, metadata, phase, ...).
+    extra: Mapped[dict[str, Any]] = mapped_column(JsonVariant)
+    # The wire JSON of the message, rendered at every checkpoint and served as stored.
+    snapshot: Mapped[str] = mapped_column(Text)
+    # The event sequence of the latest checkpoint: the Mutation stream's cursor space.
+    changed_sequence: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    organization_id: Mapped[uuid.UUID]
+    name: Mapped[str | None] = mapped_column(String(200))
+    # SHA-256 of the key: keys are high-entropy random tokens, so a fast hash is enough
+    # and lets a lookup be one indexed equality.
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(24))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

@@ -1,0 +1,70 @@
+"""The Database handle: read and write units of work. Services never commit; these do."""
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from app.db.engine import create_engines
+from app.settings import Settings
+
+
+class CommitHooks(Protocol):
+    """What the live side needs from a write unit of work (see app.live.bus)."""
+
+    async def before_commit(self, db: AsyncSession) -> None: ...
+
+    def after_commit(self, info: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class Database:
+    reader: AsyncEngine
+    writer: AsyncEngine
+    hooks: CommitHooks | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        self._read = async_sessionmaker(self.reader, expire_on_commit=False, autoflush=False)
+        self._write = async_sessionmaker(self.writer, expire_on_commit=False, autoflush=False)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "Database":
+        reader, writer = create_engines(settings)
+        return cls(reader=reader, writer=writer)
+
+    @property
+    def dialect(self) -> str:
+        return self.writer.dialect.name
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[AsyncSession]:
+        """A write unit of work: commits on success, rolls back on any exception."""
+        async with self._write() as db:
+            try:
+                yield db
+                await db.flush()
+                if self.hooks is not None:
+                    await self.hooks.before_commit(db)
+                await db.commit()
+            except BaseException:
+                await db.rollback()
+                raise
+        # Publish only after the commit: nothing is announced for a rolled-back change.
+        if self.hooks is not None and db.info:
+            self.hooks.after_commit(db.info)
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncSession]:
+        """A read-only unit of work (one snapshot on SQLite, ended with a rollback)."""
+        async with self._read() as db:
+            try:
+                yield db
+            finally:
+                await db.rollback()
+
+    async def dispose(self) -> None:
+        await self.reader.dispose()
+        if self.writer is not self.reader:
+            await self.writer.dispose()

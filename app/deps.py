@@ -1,0 +1,66 @@
+"""Annotated dependencies shared by the routers."""
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import Depends, Header, Path, Request
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.ids import parse_or_400
+from app.state import AppState
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.app
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+
+
+async def current_org(
+    state: StateDep,
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> uuid.UUID:
+    return await state.keys.organization_for(authorization)
+
+
+OrgId = Annotated[uuid.UUID, Depends(current_org)]
+
+
+async def write_db(state: StateDep) -> AsyncIterator[AsyncSession]:
+    async with state.database.write() as db:
+        yield db
+
+
+async def read_db(state: StateDep) -> AsyncIterator[AsyncSession]:
+    async with state.database.read() as db:
+        yield db
+
+
+# scope="function": the unit of work commits before the response is sent, so a failed
+# commit is an error response and no database session outlives the endpoint.
+WriteDb = Annotated[AsyncSession, Depends(write_db, scope="function")]
+ReadDb = Annotated[AsyncSession, Depends(read_db, scope="function")]
+
+
+def session_id_path(
+    session_id: Annotated[str, Path(description="Session ID (format: session_{32-hex})")],
+) -> uuid.UUID:
+    return parse_or_400("session", "session", session_id)
+
+
+SessionId = Annotated[uuid.UUID, Depends(session_id_path)]
+
+
+def base_url(state: StateDep, request: Request) -> str:
+    """Where this API is reachable, for self_url/Location: configured, else the request's."""
+    root = state.settings.public_url or str(request.base_url)
+    root = root.rstrip("/")
+    if request.url.path.startswith("/api/"):
+        root += "/api"
+    return root
+
+
+BaseUrl = Annotated[str, Depends(base_url)]

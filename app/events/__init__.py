@@ -1,0 +1,1 @@
+"""The durable event log: upstream's event types, appends inside checkpoints, and reads."""

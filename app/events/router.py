@@ -1,0 +1,64 @@
+"""The durable event log over JSON: `GET /v1/sessions/{id}/events`."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+
+from app import wire
+from app.deps import OrgId, ReadDb, SessionId
+from app.errors import InvalidRequest, problem_responses
+from app.events import schemas, service
+from app.events.types import MAX_TYPE_FILTERS, VALID_EVENT_TYPES
+from app.ids import parse_or_400
+from app.sessions import service as sessions_service
+
+router = APIRouter(tags=["events"])
+
+
+def validate_types(name: str, values: list[str] | None) -> tuple[str, ...]:
+    """Upstream's filter rules: known type names only, at most 64 values."""
+    if not values:
+        return ()
+    if len(values) > MAX_TYPE_FILTERS:
+        raise InvalidRequest(f"{name}: too many values (max {MAX_TYPE_FILTERS})")
+    for value in values:
+        if value not in VALID_EVENT_TYPES:
+            raise InvalidRequest(f"{name}: unknown event type '{value}'")
+    return tuple(values)
+
+
+@router.get(
+    "/sessions/{session_id}/events",
+    response_model=schemas.EventList,
+    responses=problem_responses(400, 401, 404),
+)
+async def list_events(
+    session_id: SessionId,
+    db: ReadDb,
+    org: OrgId,
+    since_id: Annotated[str | None, Query(description="Only events after this event ID")] = None,
+    after_sequence: Annotated[int | None, Query(ge=0)] = None,
+    before_sequence: Annotated[int | None, Query(ge=1)] = None,
+    types: Annotated[list[str] | None, Query()] = None,
+    exclude: Annotated[list[str] | None, Query()] = None,
+    limit: Annotated[int | None, Query(ge=1, le=1000, description="Return the last N matching events")] = None,
+) -> Response:
+    """Durable events oldest first. Deltas are live only and never listed. With `limit`,
+    the last N matching events and an `X-Total-Count` header."""
+    type_filter = validate_types("types", types)
+    exclude_filter = validate_types("exclude", exclude)
+    if since_id is not None and after_sequence is not None:
+        raise InvalidRequest("since_id and after_sequence are mutually exclusive")
+    await sessions_service.get_session(db, organization_id=org, session_id=session_id)
+    if since_id is not None:
+        event_id = parse_or_400("event", "event", since_id)
+        after_sequence = await service.find_event_sequence(db, session_id, event_id)
+        if after_sequence is None:
+            raise InvalidRequest(f"since_id: no event {since_id} in this session")
+    flt = service.EventFilter(after_sequence, before_sequence, type_filter, exclude_filter, limit)
+    rows = await service.read_event_bodies(db, session_id, flt)
+    headers = {}
+    if limit is not None:
+        headers["X-Total-Count"] = str(await service.count_events(db, session_id, flt))
+    body = b'{"data":' + wire.join_array(body for _, _, body in rows) + b"}"
+    return wire.json_response(body, headers=headers)

@@ -1,0 +1,141 @@
+"""Event log use-cases: allocate sequences under the session row lock, append, read."""
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import wire
+from app.db import models
+from app.db.types import utcnow
+from app.ids import format_id, uuid7
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    type: str
+    data: dict[str, Any]
+    turn_id: uuid.UUID | None = None
+    input_message_id: uuid.UUID | None = None
+
+
+@dataclass
+class EventFilter:
+    after_sequence: int | None = None
+    before_sequence: int | None = None
+    types: Sequence[str] = field(default_factory=tuple)
+    exclude: Sequence[str] = field(default_factory=tuple)
+    limit: int | None = None
+
+
+async def allocate_sequences(db: AsyncSession, session_id: uuid.UUID, count: int) -> int:
+    """Reserve `count` consecutive sequences; returns the first.
+
+    One UPDATE ... RETURNING under the session's row lock (PostgreSQL) or the single
+    writer lock (SQLite BEGIN IMMEDIATE): commit order equals sequence order, and the
+    sequence stays dense because a rolled-back transaction releases its numbers.
+    """
+    now = utcnow()
+    last = await db.scalar(
+        update(models.Session)
+        .where(models.Session.id == session_id)
+        .values(last_sequence=models.Session.last_sequence + count, last_activity_at=now, updated_at=now)
+        .returning(models.Session.last_sequence)
+    )
+    assert last is not None
+    return int(last) - count + 1
+
+
+def render_event(
+    *,
+    event_id: uuid.UUID,
+    session_id: uuid.UUID,
+    sequence: int | None,
+    spec: EventSpec,
+    ts: Any,
+) -> dict[str, Any]:
+    context: dict[str, str] = {}
+    if spec.turn_id is not None:
+        context["turn_id"] = format_id("turn", spec.turn_id)
+    if spec.input_message_id is not None:
+        context["input_message_id"] = format_id("message", spec.input_message_id)
+    body: dict[str, Any] = {
+        "id": format_id("event", event_id),
+        "type": spec.type,
+        "ts": wire.event_ts(ts),
+        "session_id": format_id("session", session_id),
+    }
+    if sequence is not None:
+        body["sequence"] = sequence
+    body["context"] = context
+    body["data"] = spec.data
+    return body
+
+
+async def append_events(db: AsyncSession, session_id: uuid.UUID, specs: Sequence[EventSpec]) -> list[models.Event]:
+    """Append events to the log in the caller's transaction, with dense sequences."""
+    first = await allocate_sequences(db, session_id, len(specs))
+    return add_events(db, session_id, first, specs)
+
+
+def add_events(db: AsyncSession, session_id: uuid.UUID, first: int, specs: Sequence[EventSpec]) -> list[models.Event]:
+    """Insert events whose sequences the caller already allocated."""
+    now = utcnow()
+    rows = []
+    for offset, spec in enumerate(specs):
+        event_id = uuid7()
+        sequence = first + offset
+        body = render_event(event_id=event_id, session_id=session_id, sequence=sequence, spec=spec, ts=now)
+        rows.append(
+            models.Event(
+                id=event_id,
+                session_id=session_id,
+                sequence=sequence,
+                type=spec.type,
+                turn_id=spec.turn_id,
+                created_at=now,
+                body=wire.dumps(body).decode(),
+            )
+        )
+    db.add_all(rows)
+    return rows
+
+
+def _filtered(stmt: Any, session_id: uuid.UUID, flt: EventFilter) -> Any:
+    stmt = stmt.where(models.Event.session_id == session_id)
+    if flt.after_sequence is not None:
+        stmt = stmt.where(models.Event.sequence > flt.after_sequence)
+    if flt.before_sequence is not None:
+        stmt = stmt.where(models.Event.sequence < flt.before_sequence)
+    if flt.types:
+        stmt = stmt.where(models.Event.type.in_(flt.types))
+    if flt.exclude:
+        stmt = stmt.where(models.Event.type.not_in(flt.exclude))
+    return stmt
+
+
+async def read_event_bodies(db: AsyncSession, session_id: uuid.UUID, flt: EventFilter) -> list[tuple[int, str, str]]:
+    """(sequence, type, body) oldest first; with `limit`, the last N that match."""
+    stmt = _filtered(select(models.Event.sequence, models.Event.type, models.Event.body), session_id, flt)
+    if flt.limit is not None:
+        stmt = stmt.order_by(models.Event.sequence.desc()).limit(flt.limit)
+        rows = list((await db.execute(stmt)).all())
+        rows.reverse()
+    else:
+        rows = list((await db.execute(stmt.order_by(models.Event.sequence))).all())
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+async def count_events(db: AsyncSession, session_id: uuid.UUID, flt: EventFilter) -> int:
+    unlimited = EventFilter(flt.after_sequence, flt.before_sequence, flt.types, flt.exclude)
+    stmt = _filtered(select(func.count()).select_from(models.Event), session_id, unlimited)
+    return int(await db.scalar(stmt) or 0)
+
+
+async def find_event_sequence(db: AsyncSession, session_id: uuid.UUID, event_id: uuid.UUID) -> int | None:
+    return await db.scalar(
+        select(models.Event.sequence).where(models.Event.session_id == session_id, models.Event.id == event_id)
+    )

@@ -1,0 +1,1 @@
+"""Live machinery: the fan-out bus, in-memory projections of streaming messages, SSE."""

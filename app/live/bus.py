@@ -1,0 +1,190 @@
+"""The fan-out bus: one interface, two implementations.
+
+* `MemoryBus` (SQLite, one process): everything is delivered in memory.
+* `PgBus` (PostgreSQL): `NOTIFY` inside the checkpoint transaction, so PostgreSQL itself
+  delivers the wake-up exactly when (and only if) the transaction commits; live payloads
+  (deltas, runner controls) are sent with `pg_notify` from a small connection; each
+  process holds one `LISTEN` connection and fans out in memory to its local subscribers.
+
+Wake-ups carry `(session_id, sequence)` only: the database is the source of truth, so a
+missed wake-up can delay a subscriber but never lose anything.
+"""
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import orjson
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncSession
+
+log = logging.getLogger("app.live.bus")
+
+CHANNEL = "evermirror"
+# PostgreSQL refuses NOTIFY payloads of 8000 bytes or more; leave room for the envelope.
+MAX_NOTIFY_BYTES = 7000
+
+Wakeup = tuple[uuid.UUID, int]
+
+
+def wakeup_item(session_id: uuid.UUID, sequence: int) -> dict[str, Any]:
+    return {"k": "w", "s": session_id.hex, "q": sequence}
+
+
+Sink = Callable[[dict[str, Any]], None]
+
+
+class Bus:
+    """Interface shared by both implementations. Every item that reaches this process is
+    handed to `sink` (the local fan-out), in the order the bus delivered it."""
+
+    def __init__(self) -> None:
+        self.sink: Sink = lambda item: None
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def before_commit(self, db: AsyncSession) -> None:
+        """Called inside a write transaction, just before COMMIT."""
+
+    def after_commit(self, info: dict[str, Any]) -> None:
+        """Called once a write transaction committed, with its `db.info`. Sessions whose
+        turn the transaction started are handed to the local runner (`kicks`)."""
+        for session_id in info.get("kicks", ()):
+            self.sink({"k": "c", "op": "kick", "s": session_id.hex})
+
+    async def publish(self, item: dict[str, Any]) -> None:
+        """Send a live item (delta, part, control) to every process."""
+        raise NotImplementedError
+
+    @property
+    def healthy(self) -> bool:
+        return True
+
+
+class MemoryBus(Bus):
+    def after_commit(self, info: dict[str, Any]) -> None:
+        for session_id, sequence in info.get("wakeups", ()):
+            self.sink(wakeup_item(session_id, sequence))
+        super().after_commit(info)
+
+    async def publish(self, item: dict[str, Any]) -> None:
+        self.sink(item)
+
+
+def _asyncpg_dsn(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def split_payload(item: dict[str, Any]) -> list[bytes]:
+    """Encode an item for NOTIFY; a delta too large for one payload is split into
+    several deltas whose offsets continue one another."""
+    encoded = orjson.dumps(item)
+    if len(encoded) <= MAX_NOTIFY_BYTES or item.get("k") != "d" or "text" not in item:
+        return [encoded]
+    chunks: list[bytes] = []
+    text_value: str = item["text"]
+    offset: int = item.get("offset", 0)
+    # Characters encode to at most 4 bytes in UTF-8 (and escaping at most doubles ASCII).
+    step = max(1, (MAX_NOTIFY_BYTES - 1000) // 8)
+    for start in range(0, len(text_value), step):
+        piece = {**item, "text": text_value[start : start + step], "offset": offset + start}
+        chunks.append(orjson.dumps(piece))
+    return chunks
+
+
+class PgBus(Bus):
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self._dsn = _asyncpg_dsn(url)
+        self._listener: asyncpg.Connection | None = None
+        self._sender: asyncpg.Connection | None = None
+        self._send_lock = asyncio.Lock()
+        self._supervisor: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+        self._stopping = False
+        self.on_reconnect: list[Callable[[], Awaitable[None]]] = []
+
+    async def start(self) -> None:
+        await self._connect()
+        self._supervisor = asyncio.create_task(self._supervise(), name="pg-bus-supervisor")
+
+    async def _connect(self) -> None:
+        listener = await asyncpg.connect(self._dsn, server_settings={"application_name": "evermirror-listen"})
+        await listener.add_listener(CHANNEL, self._on_notify)
+        self._listener = listener
+        self._connected.set()
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            item = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            log.warning("dropping malformed bus payload")
+            return
+        self.sink(item)
+
+    async def _supervise(self) -> None:
+        """Reconnect the listener after PostgreSQL restarts; subscribers are told to resync."""
+        while not self._stopping:
+            await asyncio.sleep(0.5)
+            listener = self._listener
+            if listener is not None and not listener.is_closed():
+                continue
+            self._connected.clear()
+            try:
+                await self._connect()
+            except (OSError, asyncpg.PostgresError) as exc:
+                log.warning("bus listener reconnect failed: %s", exc)
+                continue
+            log.info("bus listener reconnected")
+            # Anything published while we were deaf is in the database: wake every
+            # local subscriber so it re-reads from its cursor.
+            self.sink({"k": "resync"})
+            for callback in self.on_reconnect:
+                await callback()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        for conn in (self._listener, self._sender):
+            if conn is not None and not conn.is_closed():
+                with contextlib.suppress(Exception):
+                    await conn.close()
+
+    async def before_commit(self, db: AsyncSession) -> None:
+        # NOTIFY is transactional: delivered at COMMIT, discarded on ROLLBACK.
+        for session_id, sequence in db.info.get("wakeups", ()):
+            await db.execute(
+                text("SELECT pg_notify(:channel, :payload)"),
+                {"channel": CHANNEL, "payload": orjson.dumps(wakeup_item(session_id, sequence)).decode()},
+            )
+
+    async def publish(self, item: dict[str, Any]) -> None:
+        payloads = split_payload(item)
+        async with self._send_lock:
+            if self._sender is None or self._sender.is_closed():
+                self._sender = await asyncpg.connect(self._dsn, server_settings={"application_name": "evermirror-notify"})
+            for payload in payloads:
+                await self._sender.execute("SELECT pg_notify($1, $2)", CHANNEL, payload.decode())
+
+    @property
+    def healthy(self) -> bool:
+        return self._listener is not None and not self._listener.is_closed()
+
+
+def create_bus(database_url: str) -> Bus:
+    if database_url.startswith("postgresql"):
+        return PgBus(database_url)
+    return MemoryBus()

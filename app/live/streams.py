@@ -1,0 +1,215 @@
+"""The two streams as async generators of encoded frames. They hold no database
+connection while they wait: every read is a short unit of work of its own."""
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from app.db import models
+from app.db.session import Database
+from app.events import service as events_service
+from app.live import frames
+from app.live.fanout import Fanout, Item, Subscription
+
+REPLAY_PAGE = 500
+
+
+@dataclass
+class StreamConfig:
+    retry_ms: int
+    cycle_seconds: float
+
+
+def _cycle_deadline(cycle_seconds: float) -> float:
+    # ±20 % jitter, as upstream, so clients of one deploy do not reconnect in lockstep.
+    return time.monotonic() + cycle_seconds * random.uniform(0.8, 1.2)  # noqa: S311
+
+
+async def _next(sub: Subscription, deadline: float) -> Item | None:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return None
+    try:
+        return await asyncio.wait_for(sub.queue.get(), remaining)
+    except TimeoutError:
+        return None
+
+
+async def _last_sequence(database: Database, session_id: uuid.UUID) -> int | None:
+    async with database.read() as db:
+        return await db.scalar(select(models.Session.last_sequence).where(models.Session.id == session_id))
+
+
+async def upstream_events(
+    *,
+    database: Database,
+    fanout: Fanout,
+    session_id: uuid.UUID,
+    cursor: int | None,
+    accept: Callable[[str], bool],
+    config: StreamConfig,
+    release: Callable[[], None],
+) -> AsyncIterator[bytes]:
+    """Upstream's `/sse`: `connected`, replay after the cursor, then the live tail."""
+    sub = fanout.subscribe(session_id)
+    try:
+        yield frames.connected()
+        if cursor is None:
+            cursor = await _last_sequence(database, session_id) or 0
+        else:
+            async for chunk, cursor in _replay_events(database, session_id, cursor, accept, config):
+                yield chunk
+        deadline = _cycle_deadline(config.cycle_seconds)
+        while True:
+            item = await _next(sub, deadline)
+            if item is None:
+                yield frames.disconnecting("connection_cycle", config.retry_ms)
+                return
+            if sub.overflowed:
+                yield frames.disconnecting("error", config.retry_ms)
+                return
+            kind = item["k"]
+            if kind == "e":
+                if item["q"] <= cursor:
+                    continue
+                if item["q"] > cursor + 1:
+                    async for chunk, cursor in _replay_events(database, session_id, cursor, accept, config, upto=item["q"] - 1):
+                        yield chunk
+                cursor = item["q"]
+                if accept(item["type"]):
+                    yield frames.durable_event(item, config.retry_ms)
+            elif kind == "d":
+                if accept(item["ev"]):
+                    yield frames.delta_event(item, config.retry_ms)
+            elif kind == "resync":
+                async for chunk, cursor in _replay_events(database, session_id, cursor, accept, config):
+                    yield chunk
+    finally:
+        fanout.unsubscribe(sub)
+        release()
+
+
+async def _replay_events(
+    database: Database,
+    session_id: uuid.UUID,
+    cursor: int,
+    accept: Callable[[str], bool],
+    config: StreamConfig,
+    upto: int | None = None,
+) -> AsyncIterator[tuple[bytes, int]]:
+    """Durable events after `cursor`, in pages, each page its own short read."""
+    while True:
+        flt = events_service.EventFilter(after_sequence=cursor, before_sequence=None if upto is None else upto + 1)
+        async with database.read() as db:
+            stmt = (
+                select(models.Event.sequence, models.Event.id, models.Event.type, models.Event.body)
+                .where(models.Event.session_id == session_id, models.Event.sequence > flt.after_sequence)
+                .order_by(models.Event.sequence)
+                .limit(REPLAY_PAGE)
+            )
+            if flt.before_sequence is not None:
+                stmt = stmt.where(models.Event.sequence < flt.before_sequence)
+            rows = (await db.execute(stmt)).all()
+        for sequence, event_id, event_type, body in rows:
+            cursor = sequence
+            if accept(event_type):
+                item = {"k": "e", "q": sequence, "id": event_id, "type": event_type, "body": body}
+                yield frames.durable_event(item, config.retry_ms), cursor
+        if len(rows) < REPLAY_PAGE:
+            return
+
+
+async def message_mutations(
+    *,
+    database: Database,
+    fanout: Fanout,
+    session_id: uuid.UUID,
+    after: int | None,
+    include_internal: bool,
+    config: StreamConfig,
+    release: Callable[[], None],
+) -> AsyncIterator[bytes]:
+    """The Mutation stream: `message` snapshots with cursor ids, `part`/`delta` of the
+    live projection, `reset` when the cursor cannot be honoured."""
+    sub = fanout.subscribe(session_id)
+    # Characters of each live part this client has been sent, to trim overlaps.
+    sent: dict[str, int] = {}
+    try:
+        async with database.read() as db:
+            last = await db.scalar(select(models.Session.last_sequence).where(models.Session.id == session_id)) or 0
+        if after is not None and after > last:
+            yield frames.reset("cursor_ahead")
+            after = None
+        cursor = last
+        if after is not None:
+            async for chunk in _changed_messages(database, session_id, after, last, include_internal):
+                yield chunk
+        for projection, parts in fanout.live_parts(session_id):
+            for part in parts:
+                sent[part["part_id"]] = len(part.get("text", ""))
+                yield frames.part_mutation(projection.message_id.hex, projection.revision, part)
+        deadline = _cycle_deadline(config.cycle_seconds)
+        while True:
+            item = await _next(sub, deadline)
+            if item is None:
+                return
+            if sub.overflowed:
+                yield frames.reset("slow_consumer")
+                return
+            kind = item["k"]
+            if kind == "e":
+                if item["q"] > cursor + 1:
+                    async for chunk in _changed_messages(database, session_id, cursor, item["q"] - 1, include_internal):
+                        yield chunk
+                cursor = max(cursor, item["q"])
+            elif kind == "m":
+                if item["q"] <= last:
+                    continue
+                if include_internal or item["vis"] == "visible":
+                    yield frames.message_mutation(item)
+            elif kind == "p":
+                part = item["part"]
+                sent[part["part_id"]] = len(part.get("text", ""))
+                yield frames.part_mutation(item["m"], item["r"], part)
+            elif kind == "d":
+                known = sent.get(item["pid"])
+                if known is None:
+                    continue
+                end = item["o"] + len(item["t"])
+                if end <= known:
+                    continue
+                if item["o"] < known:
+                    item = {**item, "t": item["t"][known - item["o"] :], "o": known}
+                    item.pop("_mut", None)
+                sent[item["pid"]] = end
+                yield frames.delta_mutation(item)
+            elif kind == "resync":
+                async for chunk in _changed_messages(database, session_id, cursor, None, include_internal):
+                    yield chunk
+                last_now = await _last_sequence(database, session_id)
+                cursor = max(cursor, last_now or 0)
+    finally:
+        fanout.unsubscribe(sub)
+        release()
+
+
+async def _changed_messages(
+    database: Database, session_id: uuid.UUID, after: int, upto: int | None, include_internal: bool
+) -> AsyncIterator[bytes]:
+    """The latest snapshot of each message changed in (after, upto], not its history."""
+    async with database.read() as db:
+        stmt = select(models.Message.changed_sequence, models.Message.snapshot).where(
+            models.Message.session_id == session_id, models.Message.changed_sequence > after
+        )
+        if upto is not None:
+            stmt = stmt.where(models.Message.changed_sequence <= upto)
+        if not include_internal:
+            stmt = stmt.where(models.Message.visibility == "visible")
+        rows = (await db.execute(stmt.order_by(models.Message.changed_sequence))).all()
+    for changed, snapshot in rows:
+        yield frames.snapshot_mutation(changed, snapshot)

@@ -1,0 +1,93 @@
+"""Application factory and lifespan: database, bus, key resolver and turn runner."""
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI
+from fastapi.routing import APIRoute
+
+from app import __doc__ as app_doc
+from app.auth import KeyResolver
+from app.db.migrate import upgrade
+from app.db.session import Database
+from app.errors import RequestContextMiddleware, install_error_handlers
+from app.events.router import router as events_router
+from app.live.bus import create_bus
+from app.live.fanout import Fanout
+from app.live.limits import StreamLimits
+from app.live.router import router as live_router
+from app.messages.router import router as messages_router
+from app.runner.runner import TurnRunner
+from app.sessions.router import router as sessions_router
+from app.settings import Settings, get_settings
+from app.state import AppState
+
+log = logging.getLogger("app")
+VERSION = "0.1.0"
+
+
+def api_router() -> APIRouter:
+    router = APIRouter()
+    # The streams come before messages so `/messages/stream` is not read as a message id.
+    for feature in (sessions_router, live_router, messages_router, events_router):
+        router.include_router(feature)
+    return router
+
+
+def operation_id(route: APIRoute) -> str:
+    return route.name
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.should_auto_migrate:
+            await asyncio.to_thread(upgrade, settings.database_url)
+        database = Database.from_settings(settings)
+        bus = create_bus(settings.database_url)
+        fanout = Fanout(database, settings.sse_queue_size)
+        bus.sink = fanout.deliver
+        await bus.start()
+        database.hooks = bus
+        runner = TurnRunner(settings=settings, database=database, bus=bus, fanout=fanout)
+        state = AppState(
+            settings=settings,
+            database=database,
+            keys=KeyResolver(database, settings.auth_cache_seconds),
+            bus=bus,
+            fanout=fanout,
+            runner=runner,
+            limits=StreamLimits(settings.sse_max_per_session, settings.sse_max_per_process),
+        )
+        app.state.app = state
+        await runner.start()
+        try:
+            yield
+        finally:
+            await runner.stop()
+            await fanout.close()
+            await bus.stop()
+            await database.dispose()
+
+    app = FastAPI(
+        title="evermirror",
+        version=VERSION,
+        description=(app_doc or "").strip(),
+        lifespan=lifespan,
+        generate_unique_id_function=operation_id,
+    )
+    install_error_handlers(app)
+    app.add_middleware(RequestContextMiddleware)
+    app.include_router(api_router(), prefix="/v1")
+    # Upstream's base URL (and the official SDK's) ends in /api: same routes, same names.
+    app.include_router(api_router(), prefix="/api/v1", include_in_schema=False)
+
+    @app.get("/health", tags=["health"])
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app

@@ -1,0 +1,1 @@
+"""Messages: the data-wrapped Message schema, checkpoints and pagination."""

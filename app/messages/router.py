@@ -1,0 +1,75 @@
+"""Message routes: create, list (the seed's pagination) and read one snapshot."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response
+
+from app import wire
+from app.deps import OrgId, ReadDb, SessionId, StateDep, WriteDb
+from app.errors import InvalidRequest, problem_responses
+from app.ids import parse_or_400
+from app.messages import schemas, service
+
+router = APIRouter(tags=["messages"])
+
+
+@router.post(
+    "/sessions/{session_id}/messages",
+    status_code=201,
+    response_model=schemas.Message,
+    responses=problem_responses(400, 401, 404, 422),
+)
+async def create_message(session_id: SessionId, data: schemas.MessageCreate, db: WriteDb, org: OrgId) -> Response:
+    """Store a user message. `delivery` says what happened: `started` (a new turn began),
+    `steered` (joined the running turn) or `duplicate` (this `client_message_id` was seen
+    before: the stored message is returned and nothing is written)."""
+    body = await service.create_message(db, organization_id=org, session_id=session_id, data=data)
+    return wire.json_response(body, 201)
+
+
+@router.get(
+    "/sessions/{session_id}/messages",
+    response_model=schemas.MessagePage,
+    responses=problem_responses(400, 401, 404),
+)
+async def list_messages(
+    session_id: SessionId,
+    db: ReadDb,
+    org: OrgId,
+    state: StateDep,
+    limit: Annotated[int | None, Query(description="Page size; default 50, values above 200 are capped")] = None,
+    before_sequence: Annotated[int | None, Query(ge=1, description="Only messages with sequence < N")] = None,
+    include_internal: Annotated[bool, Query(description="Include visibility=internal messages")] = False,
+) -> Response:
+    """Messages oldest first within a page; without `before_sequence` the newest page.
+    Walk older history with `next_before_sequence`. Pages never split a message."""
+    settings = state.settings
+    if limit is not None and limit < 1:
+        raise InvalidRequest("limit: must be at least 1")
+    page_size = min(limit or settings.messages_page_default, settings.messages_page_max)
+    body = await service.list_messages(
+        db,
+        organization_id=org,
+        session_id=session_id,
+        limit=page_size,
+        before_sequence=before_sequence,
+        include_internal=include_internal,
+    )
+    return wire.json_response(body)
+
+
+@router.get(
+    "/sessions/{session_id}/messages/{message_id}",
+    response_model=schemas.Message,
+    responses=problem_responses(400, 401, 404),
+)
+async def get_message(
+    session_id: SessionId,
+    message_id: Annotated[str, Path(description="Message ID (format: message_{32-hex})")],
+    db: ReadDb,
+    org: OrgId,
+) -> Response:
+    """One message snapshot."""
+    message_uuid = parse_or_400("message", "message", message_id)
+    body = await service.get_message(db, organization_id=org, session_id=session_id, message_id=message_uuid)
+    return wire.json_response(body)

@@ -1,0 +1,261 @@
+"""Message wire shapes: the seed's data-wrapped Message, its content parts, the page envelope,
+and the create request (upstream's CreateMessageRequest)."""
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from app.schemas import InputSchema, Schema
+
+ExecutionPhase = Literal["commentary", "final_answer"]
+
+
+# ---- input ---------------------------------------------------------------------------
+
+
+class TextInput(InputSchema):
+    type: Literal["text"]
+    text: str
+
+
+class ImageInput(InputSchema):
+    type: Literal["image"]
+    base64: str | None = None
+    media_type: str | None = None
+    url: str | None = None
+
+
+class ImageFileInput(InputSchema):
+    type: Literal["image_file"]
+    image_id: str = Field(pattern=r"^img_[0-9a-f]{32}$")
+    filename: str | None = None
+
+
+class FileInput(InputSchema):
+    type: Literal["file"]
+    file_id: str = Field(pattern=r"^file_[0-9a-f]{32}$")
+    filename: str | None = None
+
+
+class ContextInput(InputSchema):
+    """The seed's user `context` part: safely tagged text at the model boundary."""
+
+    type: Literal["context"]
+    tag: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+    context: str
+
+
+InputPart = Annotated[
+    TextInput | ImageInput | ImageFileInput | FileInput | ContextInput, Field(discriminator="type")
+]
+
+
+class InputMessage(InputSchema):
+    role: Literal["user"] = "user"
+    content: list[InputPart] = Field(min_length=1)
+    # Beyond upstream: the seed's visibility; `internal` messages are hidden from lists
+    # unless `include_internal=true`.
+    visibility: Literal["visible", "internal"] = "visible"
+
+
+class ReasoningControls(InputSchema):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+
+
+class Controls(InputSchema):
+    model_id: str | None = Field(default=None, pattern=r"^model_[0-9a-f]{32}$")
+    reasoning: ReasoningControls | None = None
+    locale: str | None = None
+    hints: dict[str, Any] | None = None
+    error_disclosure: Literal["generic", "standard", "detailed"] | None = None
+    speed: str | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+class ExternalActor(InputSchema):
+    actor_id: str
+    source: str
+    actor_name: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class MessageCreate(InputSchema):
+    message: InputMessage
+    controls: Controls | None = None
+    metadata: dict[str, Any] | None = None
+    tags: list[str] | None = None
+    external_actor: ExternalActor | None = None
+    client_message_id: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+# ---- output --------------------------------------------------------------------------
+
+
+class PartBase(Schema):
+    part_id: str = Field(description="Stable identity of the part within its message.")
+    sequence: int = Field(description="Immutable position of the part within its message, from 1.")
+    step_id: str | None = Field(default=None, description="The model Step that produced the part.")
+
+
+class AnnotationSource(Schema):
+    uri: str
+    title: str | None = None
+    snippet: str | None = None
+    location: Any = None
+
+
+class AnnotationVerification(Schema):
+    status: Literal["entailed", "unsupported", "uncertain"]
+    score: float | None = None
+
+
+class TextAnnotation(Schema):
+    start: int
+    end: int
+    origin: str
+    source: AnnotationSource
+    external_id: str | None = None
+    verified: AnnotationVerification | None = None
+
+
+class TextPart(PartBase):
+    type: Literal["text"]
+    text: str
+    annotations: list[TextAnnotation] | None = None
+
+
+class ImagePart(PartBase):
+    type: Literal["image"]
+    base64: str | None = None
+    media_type: str | None = None
+    url: str | None = None
+
+
+class ImageFilePart(PartBase):
+    type: Literal["image_file"]
+    image_id: str
+    filename: str | None = None
+
+
+class FilePart(PartBase):
+    type: Literal["file"]
+    file_id: str
+    filename: str | None = None
+
+
+class NativeToolCall(Schema):
+    type: Literal["function_call", "custom_tool_call"]
+    call_id: str
+    name: str
+    arguments: str | None = None
+    input: str | None = None
+    async_: bool | None = Field(default=None, alias="async")
+
+
+class ToolCallPart(PartBase):
+    type: Literal["tool_call"]
+    id: str
+    name: str
+    arguments: Any
+    native: NativeToolCall | None = None
+    status: Literal["requested", "running", "completed", "failed"] | None = Field(
+        default=None, description="The tool's state; transitions update this part in place."
+    )
+
+
+class ToolResultPart(PartBase):
+    type: Literal["tool_result"]
+    tool_call_id: str
+    result: Any = None
+    error: str | None = None
+
+
+class ReasoningText(Schema):
+    kind: Literal["plain", "summary", "redacted"]
+    text: str | None = None
+    parts: list[str] | None = None
+
+
+class ReasoningPart(PartBase):
+    type: Literal["reasoning"]
+    provider: str
+    text: ReasoningText | None = None
+    item_id: str | None = None
+    bound_tool_call_id: str | None = None
+    tokens: int | None = None
+
+
+class ContextPart(PartBase):
+    type: Literal["context"]
+    tag: str
+    context: str
+
+
+class InteractionPart(PartBase):
+    type: Literal["interaction"]
+    interaction_id: str
+    kind: str
+    status: str
+    tool_call_id: str | None = None
+    prompt: str | None = None
+    response: Any = None
+
+
+class ActionPart(PartBase):
+    type: Literal["action"]
+    action: str
+    data: dict[str, Any] | None = None
+
+
+class ErrorPart(PartBase):
+    type: Literal["error"]
+    code: str
+    message: str
+
+
+ContentPart = Annotated[
+    TextPart
+    | ImagePart
+    | ImageFilePart
+    | FilePart
+    | ToolCallPart
+    | ToolResultPart
+    | ReasoningPart
+    | ContextPart
+    | InteractionPart
+    | ActionPart
+    | ErrorPart,
+    Field(discriminator="type"),
+]
+
+
+class Message(Schema):
+    id: str = Field(description="Unique message ID (format: message_{32-hex})")
+    session_id: str
+    sequence: int
+    role: Literal["user", "agent"]
+    content: list[ContentPart]
+    phase: ExecutionPhase | None = None
+    phase_source: Literal["provider", "derived", "communication"] | None = None
+    controls: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    external_actor: dict[str, Any] | None = None
+    created_at: str
+    updated_at: str
+    revision: int = Field(description="+1 at every durable checkpoint of this message.")
+    state: Literal["streaming", "done"]
+    visibility: Literal["visible", "internal"]
+    turn_id: str | None = None
+    delivery: Literal["started", "steered", "resumed", "duplicate"] | None = Field(
+        default=None, description="Only on the response to creating a message."
+    )
+
+
+class MessagePage(Schema):
+    data: list[Message]
+    total: int = Field(description="Real Messages in the session (visible, or all with include_internal).")
+    has_more: bool
+    start_sequence: int | None = None
+    end_sequence: int | None = None
+    next_before_sequence: int | None = None
+    cursor: str = Field(description="Committed stream position this page was read at.")

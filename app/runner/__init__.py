@@ -1,0 +1,1 @@
+"""The turn runner and its model drivers."""

@@ -1,0 +1,159 @@
+"""Model drivers turn a conversation into a stream of model events. `scripted` is the
+default: deterministic and offline, with scenarios that exercise every part type."""
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class TextDelta:
+    text: str
+
+
+@dataclass
+class ReasoningDelta:
+    text: str
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class Annotations:
+    """Citations for the text streamed so far in this step."""
+
+    items: list[dict[str, Any]]
+
+
+@dataclass
+class StepFinish:
+    phase: str = "final_answer"
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+ModelEvent = TextDelta | ReasoningDelta | ToolCall | Annotations | StepFinish
+
+
+class ModelError(Exception):
+    """The model failed mid-stream; the runner persists an error part and fails the turn."""
+
+
+@dataclass
+class Turn:
+    """What a driver sees: the conversation so far (wire messages, oldest first), the
+    step number within the turn, and tool results of the previous step."""
+
+    messages: list[dict[str, Any]]
+    iteration: int
+    tool_results: list[dict[str, Any]]
+
+
+class Driver(Protocol):
+    name: str
+
+    def step(self, turn: Turn) -> AsyncIterator[ModelEvent]: ...
+
+
+SCENARIO = re.compile(r"^/scenario\s+(\w+)(?:\s+(.*))?$", re.DOTALL)
+
+
+def latest_user_text(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message["role"] == "user":
+            return " ".join(p.get("text", "") for p in message["content"] if p["type"] == "text").strip()
+    return ""
+
+
+class ScriptedDriver:
+    """Offline and deterministic. `/scenario NAME [args]` picks a scenario; any other
+    text is echoed back word by word. Scenarios: echo, tool, reasoning, citations, fail,
+    long N."""
+
+    name = "scripted"
+
+    def __init__(self, delay_ms: int) -> None:
+        self.delay = delay_ms / 1000
+
+    async def _pause(self) -> None:
+        if self.delay > 0:
+            await asyncio.sleep(self.delay)
+
+    async def _words(self, text: str) -> AsyncIterator[ModelEvent]:
+        words = text.split(" ")
+        for index, word in enumerate(words):
+            await self._pause()
+            yield TextDelta(word if index == len(words) - 1 else word + " ")
+
+    async def step(self, turn: Turn) -> AsyncIterator[ModelEvent]:
+        text = latest_user_text(turn.messages)
+        match = SCENARIO.match(text)
+        scenario, args = (match.group(1), (match.group(2) or "").strip()) if match else ("echo", text)
+        if scenario == "tool":
+            if turn.iteration == 1:
+                async for event in self._words("Let me look that up."):
+                    yield event
+                yield ToolCall(id="call_lookup_1", name="lookup", arguments={"query": args or "the answer"})
+                yield StepFinish(phase="commentary")
+            else:
+                result = json.dumps(turn.tool_results[0].get("result")) if turn.tool_results else "nothing"
+                async for event in self._words(f"The lookup returned {result}."):
+                    yield event
+                yield StepFinish()
+        elif scenario == "reasoning":
+            for chunk in ("Thinking ", "about ", "the ", "question."):
+                await self._pause()
+                yield ReasoningDelta(chunk)
+            async for event in self._words("Here is a considered answer."):
+                yield event
+            yield StepFinish()
+        elif scenario == "citations":
+            body = "The control plane owns durable state."
+            async for event in self._words(body):
+                yield event
+            yield Annotations(
+                [
+                    {
+                        "start": 0,
+                        "end": len(body),
+                        "origin": "citation_retrieval",
+                        "source": {"uri": "https://example.com/architecture", "title": "Architecture Overview"},
+                        "verified": {"status": "entailed", "score": 0.92},
+                    }
+                ]
+            )
+            yield StepFinish()
+        elif scenario == "fail":
+            async for event in self._words("Starting an answer that will not"):
+                yield event
+            raise ModelError("The scripted model failed mid-stream")
+        elif scenario == "long":
+            count = int(args) if args.isdigit() else 100
+            for index in range(count):
+                await self._pause()
+                yield TextDelta(f"chunk{index} ")
+            yield StepFinish()
+        else:
+            async for event in self._words(args if match else text):
+                yield event
+            yield StepFinish()
+
+
+async def run_tool(name: str, arguments: dict[str, Any]) -> Any:
+    """The built-in tools the scripted scenarios call."""
+    if name == "lookup":
+        return {"query": arguments.get("query"), "answer": 42}
+    raise ModelError(f"unknown tool {name}")
+
+
+def create_driver(name: str, delay_ms: int) -> Driver:
+    if name == "scripted":
+        return ScriptedDriver(delay_ms)
+    raise ValueError(f"unknown model driver {name!r}")

@@ -1,0 +1,486 @@
+"""The turn runner: one per session across all processes (a lease), driving a model
+driver step by step, publishing the live projection and committing checkpoints.
+
+Deltas update the in-memory projection and go to the bus; they are never written to the
+database. A step's complete parts commit at once when it finishes; tool transitions,
+errors and closure are checkpoints of their own. Cancel requests are durable
+(`sessions.cancel_requested_at`) and reach the runner through bus wake-ups, so a cancel
+sent to any process stops a turn running on any other.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select
+
+from app import wire
+from app.db import models
+from app.db.dialect import create_leases
+from app.db.session import Database
+from app.db.types import utcnow
+from app.events.service import EventSpec
+from app.ids import format_id, uuid7
+from app.live.bus import Bus
+from app.live.fanout import Fanout
+from app.messages import checkpoint
+from app.runner.drivers import (
+    Annotations,
+    ModelError,
+    ReasoningDelta,
+    StepFinish,
+    TextDelta,
+    ToolCall,
+    Turn,
+    create_driver,
+    run_tool,
+)
+from app.settings import Settings
+
+log = logging.getLogger("app.runner")
+
+HISTORY_FOR_MODEL = 50
+
+
+class TurnCancelled(Exception):
+    pass
+
+
+@dataclass
+class LiveStep:
+    """The projection of one model Step of a streaming message."""
+
+    session_id: uuid.UUID
+    message_id: uuid.UUID
+    turn_id: uuid.UUID
+    revision: int
+    first_sequence: int
+    parts: list[dict[str, Any]] = field(default_factory=list)
+    phase: str | None = None
+
+    def new_part(self, part: dict[str, Any]) -> dict[str, Any]:
+        sequence = self.first_sequence + len(self.parts)
+        part = {"part_id": checkpoint.part_id("agent", part["type"], sequence), "sequence": sequence, **part}
+        self.parts.append(part)
+        return part
+
+    def item(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return {
+            "k": kind,
+            "s": self.session_id.hex,
+            "m": self.message_id.hex,
+            "r": self.revision,
+            "turn": format_id("turn", self.turn_id),
+            **fields,
+        }
+
+
+class TurnRunner:
+    def __init__(self, *, settings: Settings, database: Database, bus: Bus, fanout: Fanout) -> None:
+        self.settings = settings
+        self.database = database
+        self.bus = bus
+        self.fanout = fanout
+        self.driver = create_driver(settings.model_driver, settings.scripted_delay_ms)
+        self.leases = create_leases(settings.database_url)
+        self.tasks: dict[uuid.UUID, asyncio.Task[None]] = {}
+        self.rekick: set[uuid.UUID] = set()
+        self.live: dict[uuid.UUID, LiveStep] = {}
+        self._resync_asked: dict[uuid.UUID, float] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self.is_distributed = settings.database_url.startswith("postgresql")
+
+    # ---- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.leases.start()
+        self.fanout.control_handlers.append(self._on_control)
+        self.fanout.resync_requests.append(self._ask_resync)
+        await self.recover(grace_seconds=0 if not self.is_distributed else self.settings.runner_sweep_seconds)
+        if self.is_distributed:
+            self._sweeper = asyncio.create_task(self._sweep(), name="runner-sweeper")
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        tasks = [*self.tasks.values(), *self._background]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.leases.stop()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ---- control -------------------------------------------------------------------
+
+    def _on_control(self, item: dict[str, Any]) -> None:
+        op = item.get("op")
+        if op == "kick":
+            self.kick(uuid.UUID(hex=item["s"]))
+        elif op == "resync":
+            step = self.live.get(uuid.UUID(hex=item["m"]))
+            if step is not None:
+                self._spawn(self._republish(step))
+
+    def _ask_resync(self, message_id: uuid.UUID) -> None:
+        now = time.monotonic()
+        if now - self._resync_asked.get(message_id, 0.0) < 1.0:
+            return
+        self._resync_asked[message_id] = now
+        self._spawn(self.bus.publish({"k": "c", "op": "resync", "m": message_id.hex}))
+
+    async def _republish(self, step: LiveStep) -> None:
+        for part in list(step.parts):
+            await self.bus.publish(step.item("p", part=dict(part)))
+
+    def kick(self, session_id: uuid.UUID) -> None:
+        """Run the session's active turn here, unless this process already does."""
+        if session_id in self.tasks:
+            self.rekick.add(session_id)
+            return
+        task = asyncio.create_task(self._run_session(session_id), name=f"turn-{session_id.hex}")
+        self.tasks[session_id] = task
+
+    async def _run_session(self, session_id: uuid.UUID) -> None:
+        try:
+            acquired = False
+            # Another process may be finishing this session's previous turn; it re-checks
+            # for a new turn before letting go, so a short wait is enough.
+            for _ in range(20):
+                if await self.leases.try_acquire(session_id):
+                    acquired = True
+                    break
+                if not self.is_distributed:
+                    return
+                await asyncio.sleep(0.1)
+            if not acquired:
+                return
+            try:
+                while True:
+                    self.rekick.discard(session_id)
+                    turn_id = await self._active_turn(session_id)
+                    if turn_id is None:
+                        break
+                    await self._run_turn(session_id, turn_id)
+            finally:
+                await self.leases.release(session_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("runner for session %s failed", session_id)
+        finally:
+            self.tasks.pop(session_id, None)
+            if session_id in self.rekick:
+                self.rekick.discard(session_id)
+                self.kick(session_id)
+
+    async def _active_turn(self, session_id: uuid.UUID) -> uuid.UUID | None:
+        async with self.database.read() as db:
+            return await db.scalar(select(models.Session.active_turn_id).where(models.Session.id == session_id))
+
+    # ---- a turn --------------------------------------------------------------------
+
+    async def _cancel_requested(self, session_id: uuid.UUID) -> bool:
+        async with self.database.read() as db:
+            requested = await db.scalar(
+                select(models.Session.cancel_requested_at).where(models.Session.id == session_id)
+            )
+        return requested is not None
+
+    async def _history(self, session_id: uuid.UUID, turn_id: uuid.UUID) -> tuple[list[dict[str, Any]], int]:
+        """The recent conversation for the model, and the newest user message sequence
+        of this turn it includes."""
+        async with self.database.read() as db:
+            rows = (
+                await db.execute(
+                    select(models.Message.snapshot, models.Message.role, models.Message.turn_id, models.Message.sequence)
+                    .where(models.Message.session_id == session_id)
+                    .order_by(models.Message.sequence.desc())
+                    .limit(HISTORY_FOR_MODEL)
+                )
+            ).all()
+        consumed = max((seq for _, role, turn, seq in rows if role == "user" and turn == turn_id), default=0)
+        return [wire.loads(snapshot) for snapshot, *_ in reversed(rows)], consumed
+
+    async def _unconsumed(self, db: Any, session_id: uuid.UUID, turn_id: uuid.UUID, consumed: int) -> bool:
+        newer = await db.scalar(
+            select(models.Message.id)
+            .where(
+                models.Message.session_id == session_id,
+                models.Message.turn_id == turn_id,
+                models.Message.role == "user",
+                models.Message.sequence > consumed,
+            )
+            .limit(1)
+        )
+        return newer is not None
+
+    async def _run_turn(self, session_id: uuid.UUID, turn_id: uuid.UUID) -> None:
+        watch = self.fanout.watch(session_id)
+        started = time.monotonic()
+        message_id: uuid.UUID | None = None
+        iteration = 0
+        tool_count = 0
+        tool_results: list[dict[str, Any]] = []
+        step: LiveStep | None = None
+        try:
+            while True:
+                iteration += 1
+                history, consumed = await self._history(session_id, turn_id)
+                if await self._cancel_requested(session_id):
+                    raise TurnCancelled
+                if message_id is None:
+                    async with self.database.write() as db:
+                        session = await self._lock(db, session_id)
+                        opened = await checkpoint.open_agent_message(
+                            db, session, turn_id=turn_id, model=self.driver.name, iteration=iteration
+                        )
+                    assert opened.message is not None
+                    message_id, revision, content_length = opened.message.id, 1, 0
+                step = LiveStep(session_id, message_id, turn_id, revision, content_length + 1)
+                self.live[message_id] = step
+                tool_calls = await self._stream_step(step, Turn(history, iteration, tool_results), watch)
+                async with self.database.write() as db:
+                    session = await self._lock(db, session_id)
+                    close = not tool_calls and not await self._unconsumed(db, session_id, turn_id, consumed)
+                    message = await checkpoint.get_message_for_update(db, message_id)
+                    committed = await checkpoint.commit_step(
+                        db,
+                        session,
+                        message,
+                        step_id=f"step_{iteration}",
+                        parts=step.parts,
+                        phase=step.phase,
+                        phase_source="provider",
+                        close=close,
+                    )
+                    assert committed.message is not None
+                    revision, content_length = committed.message.revision, len(committed.message.content)
+                self.live.pop(message_id, None)
+                await self.bus.publish({"k": "x", "s": session_id.hex, "m": message_id.hex})
+                tool_results = []
+                for call in tool_calls:
+                    tool_count += 1
+                    result = await self._run_tool(session_id, message_id, call)
+                    tool_results.append(result)
+                    async with self.database.write() as db:
+                        message = await checkpoint.get_message_for_update(db, message_id)
+                        revision, content_length = message.revision, len(message.content)
+                if close:
+                    async with self.database.write() as db:
+                        session = await self._lock(db, session_id)
+                        if await self._unconsumed(db, session_id, turn_id, consumed):
+                            # A steering message arrived as the message closed: answer it
+                            # in a new agent message of the same turn.
+                            message_id = None
+                            continue
+                        data = {
+                            "turn_id": format_id("turn", turn_id),
+                            "iterations": iteration,
+                            "status": "completed",
+                            "final_message_id": format_id("message", message_id),
+                            "duration_ms": int((time.monotonic() - started) * 1000),
+                            "tool_call_count": tool_count,
+                        }
+                        await checkpoint.finish_turn(
+                            db, session, turn_id=turn_id, outcome=EventSpec("turn.completed", data, turn_id=turn_id)
+                        )
+                    return
+        except TurnCancelled:
+            await self._end_with_error(
+                session_id, turn_id, message_id, ("cancelled", "The turn was cancelled by the user"),
+                EventSpec("turn.cancelled", {"turn_id": format_id("turn", turn_id), "reason": "cancelled_by_user"}, turn_id=turn_id),
+            )
+        except ModelError as exc:
+            await self._end_with_error(
+                session_id, turn_id, message_id, ("model_error", str(exc)),
+                EventSpec("turn.failed", {"turn_id": format_id("turn", turn_id), "error": str(exc), "error_code": "model_error"}, turn_id=turn_id),
+            )
+        except asyncio.CancelledError:
+            # Shutting down: leave the turn for start-up recovery (or another node).
+            raise
+        except Exception as exc:
+            log.exception("turn %s failed", turn_id)
+            await self._end_with_error(
+                session_id, turn_id, message_id, ("internal_error", "The turn failed unexpectedly"),
+                EventSpec("turn.failed", {"turn_id": format_id("turn", turn_id), "error": type(exc).__name__, "error_code": "internal_error"}, turn_id=turn_id),
+            )
+        finally:
+            self.fanout.unwatch(session_id, watch)
+            if message_id is not None:
+                self.live.pop(message_id, None)
+
+    async def _lock(self, db: Any, session_id: uuid.UUID) -> models.Session:
+        session = await checkpoint.lock_session(db, session_id)
+        if session is None:
+            raise TurnCancelled  # the session was deleted
+        if session.cancel_requested_at is not None:
+            raise TurnCancelled
+        return session
+
+    async def _stream_step(self, step: LiveStep, turn: Turn, watch: asyncio.Event) -> list[ToolCall]:
+        tool_calls: list[ToolCall] = []
+        text_part: dict[str, Any] | None = None
+        reasoning_part: dict[str, Any] | None = None
+        async for event in self.driver.step(turn):
+            if watch.is_set():
+                watch.clear()
+                if await self._cancel_requested(step.session_id):
+                    raise TurnCancelled
+            if isinstance(event, TextDelta):
+                if text_part is None:
+                    text_part = step.new_part({"type": "text", "text": ""})
+                    await self.bus.publish(step.item("p", part=dict(text_part)))
+                await self._delta(step, text_part, event.text, "output.message.delta")
+            elif isinstance(event, ReasoningDelta):
+                if reasoning_part is None:
+                    reasoning_part = step.new_part({"type": "reasoning", "provider": self.driver.name, "text": ""})
+                    await self.bus.publish(step.item("p", part=dict(reasoning_part)))
+                await self._delta(step, reasoning_part, event.text, "reason.thinking.delta")
+            elif isinstance(event, ToolCall):
+                part = step.new_part(
+                    {"type": "tool_call", "id": event.id, "name": event.name, "arguments": event.arguments, "status": "requested"}
+                )
+                await self.bus.publish(step.item("p", part=dict(part)))
+                tool_calls.append(event)
+                text_part = None
+            elif isinstance(event, Annotations) and text_part is not None:
+                text_part["annotations"] = event.items
+            elif isinstance(event, StepFinish):
+                step.phase = event.phase
+        # The committed form of a reasoning part keeps upstream's shape.
+        for part in step.parts:
+            if part["type"] == "reasoning":
+                part["text"] = {"kind": "plain", "text": part["text"]}
+        return tool_calls
+
+    async def _delta(self, step: LiveStep, part: dict[str, Any], text: str, event_type: str) -> None:
+        offset = len(part["text"])
+        part["text"] += text
+        await self.bus.publish(
+            step.item(
+                "d",
+                pid=part["part_id"],
+                o=offset,
+                t=text,
+                ev=event_type,
+                eid=format_id("event", uuid7()),
+                ts=wire.event_ts(utcnow()),
+            )
+        )
+
+    async def _run_tool(self, session_id: uuid.UUID, message_id: uuid.UUID, call: ToolCall) -> dict[str, Any]:
+        async with self.database.write() as db:
+            session = await self._lock(db, session_id)
+            message = await checkpoint.get_message_for_update(db, message_id)
+            await checkpoint.tool_transition(db, session, message, tool_call_id=call.id, status="running")
+        began = time.monotonic()
+        try:
+            result, error, status = await run_tool(call.name, call.arguments), None, "completed"
+        except ModelError as exc:
+            result, error, status = None, str(exc), "failed"
+        async with self.database.write() as db:
+            session = await self._lock(db, session_id)
+            message = await checkpoint.get_message_for_update(db, message_id)
+            await checkpoint.tool_transition(
+                db,
+                session,
+                message,
+                tool_call_id=call.id,
+                status=status,
+                result=result,
+                error=error,
+                duration_ms=int((time.monotonic() - began) * 1000),
+            )
+        return {"tool_call_id": call.id, "result": result, "error": error}
+
+    async def _end_with_error(
+        self,
+        session_id: uuid.UUID,
+        turn_id: uuid.UUID,
+        message_id: uuid.UUID | None,
+        error: tuple[str, str],
+        outcome: EventSpec,
+    ) -> None:
+        """Discard the unfinished step, close the message with an error part and end the
+        turn, in one checkpoint."""
+        async with self.database.write() as db:
+            session = await checkpoint.lock_session(db, session_id)
+            if session is None or session.active_turn_id != turn_id:
+                return
+            if message_id is not None:
+                message = await checkpoint.get_message_for_update(db, message_id)
+                if message.state == "streaming":
+                    await checkpoint.close_message(db, session, message, error=error)
+            await checkpoint.finish_turn(db, session, turn_id=turn_id, outcome=outcome)
+        if message_id is not None:
+            await self.bus.publish({"k": "x", "s": session_id.hex, "m": message_id.hex})
+
+    # ---- recovery ------------------------------------------------------------------
+
+    async def recover(self, grace_seconds: float) -> int:
+        """Close turns whose runner is gone: a streaming message gets an error part and
+        `state: done`, the turn fails, the session idles. Only sessions whose lease is
+        free (and, across nodes, quiet for `grace_seconds`) are touched."""
+        cutoff = utcnow() - timedelta(seconds=grace_seconds)
+        async with self.database.read() as db:
+            candidates = list(
+                (
+                    await db.scalars(
+                        select(models.Session.id).where(
+                            models.Session.active_turn_id.is_not(None), models.Session.last_activity_at <= cutoff
+                        )
+                    )
+                ).all()
+            )
+        recovered = 0
+        for session_id in candidates:
+            if session_id in self.tasks or not await self.leases.try_acquire(session_id):
+                continue
+            try:
+                closed = await self._recover_session(session_id)
+            finally:
+                await self.leases.release(session_id)
+            for message_id in closed:
+                await self.bus.publish({"k": "x", "s": session_id.hex, "m": message_id.hex})
+            recovered += 1
+        return recovered
+
+    async def _recover_session(self, session_id: uuid.UUID) -> list[uuid.UUID]:
+        async with self.database.write() as db:
+            session = await checkpoint.lock_session(db, session_id)
+            if session is None or session.active_turn_id is None:
+                return []
+            turn_id = session.active_turn_id
+            messages = await checkpoint.streaming_messages(db, session_id)
+            for message in messages:
+                await checkpoint.close_message(
+                    db, session, message, error=("interrupted", "The server running this turn stopped before the message was complete")
+                )
+            outcome = EventSpec(
+                "turn.failed",
+                {"turn_id": format_id("turn", turn_id), "error": "The turn was interrupted", "error_code": "interrupted"},
+                turn_id=turn_id,
+            )
+            await checkpoint.finish_turn(db, session, turn_id=turn_id, outcome=outcome)
+            log.warning("recovered interrupted turn %s of session %s", turn_id, session_id)
+            return [m.id for m in messages]
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.runner_sweep_seconds)
+            try:
+                await self.recover(grace_seconds=self.settings.runner_sweep_seconds)
+            except Exception as exc:
+                log.warning("runner sweep failed: %s", exc)

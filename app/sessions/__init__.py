@@ -1,0 +1,1 @@
+"""Sessions: create, list, read, update, delete and cancel."""

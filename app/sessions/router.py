@@ -1,0 +1,109 @@
+"""Session routes: HTTP only; the service does the work."""
+
+from datetime import datetime
+from typing import Annotated, Literal
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Query, Response
+
+from app import wire
+from app.deps import BaseUrl, OrgId, ReadDb, SessionId, WriteDb
+from app.errors import InvalidRequest, problem_responses
+from app.sessions import schemas, service
+
+router = APIRouter(tags=["sessions"])
+
+
+@router.post(
+    "/sessions",
+    status_code=201,
+    response_model=schemas.Session,
+    responses=problem_responses(400, 401, 422),
+)
+async def create_session(data: schemas.SessionCreate, db: WriteDb, org: OrgId, base: BaseUrl) -> Response:
+    """Create a session. Every body field is optional."""
+    session = await service.create_session(db, organization_id=org, data=data)
+    body = service.session_wire(session, base)
+    return wire.json_response(wire.dumps(body), 201, headers={"Location": body["self_url"]})
+
+
+@router.get("/sessions", response_model=schemas.SessionPage, responses=problem_responses(400, 401))
+async def list_sessions(
+    db: ReadDb,
+    org: OrgId,
+    base: BaseUrl,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    search: Annotated[str | None, Query(max_length=200)] = None,
+    status: Annotated[str | None, Query(description="Comma-separated statuses")] = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    order: Literal["created_at", "last_activity"] = "created_at",
+) -> Response:
+    """List the organization's sessions, newest first, with offset pagination."""
+    statuses: list[str] = []
+    for value in (status or "").split(","):
+        if value.strip():
+            if value.strip() not in service.STATUS_FILTERS:
+                raise InvalidRequest(f"status: unknown value '{value.strip()}'")
+            statuses.append(service.STATUS_FILTERS[value.strip()])
+    for stamp in (created_after, created_before):
+        if stamp is not None and stamp.tzinfo is None:
+            raise InvalidRequest("created_after/created_before need a UTC offset (RFC 3339)")
+    query = service.SessionQuery(offset, limit, search, tuple(statuses), created_after, created_before, order)
+    rows, total = await service.list_sessions(db, organization_id=org, query=query)
+    body: dict[str, object] = {
+        "data": [service.session_wire(s, base) for s in rows],
+        "total": total,
+        "offset": offset,
+        "limit": limit,
+    }
+    params = {k: v for k, v in {"search": search, "status": status, "order": order}.items() if v}
+    if created_after is not None:
+        params["created_after"] = created_after.isoformat()
+    if created_before is not None:
+        params["created_before"] = created_before.isoformat()
+    if offset + limit < total:
+        body["next_url"] = f"{base}/v1/sessions?" + urlencode({**params, "offset": offset + limit, "limit": limit})
+    if offset > 0:
+        body["prev_url"] = f"{base}/v1/sessions?" + urlencode({**params, "offset": max(0, offset - limit), "limit": limit})
+    return wire.json_response(wire.dumps(body))
+
+
+@router.get("/sessions/{session_id}", response_model=schemas.Session, responses=problem_responses(400, 401, 404))
+async def get_session(session_id: SessionId, db: ReadDb, org: OrgId, base: BaseUrl) -> Response:
+    """One session."""
+    session = await service.get_session(db, organization_id=org, session_id=session_id)
+    return wire.json_response(wire.dumps(service.session_wire(session, base)))
+
+
+@router.patch(
+    "/sessions/{session_id}", response_model=schemas.Session, responses=problem_responses(400, 401, 404, 422)
+)
+async def update_session(
+    session_id: SessionId, data: schemas.SessionUpdate, db: WriteDb, org: OrgId, base: BaseUrl
+) -> Response:
+    """Update title, tags, goal or locale; only the fields sent change."""
+    session = await service.update_session(db, organization_id=org, session_id=session_id, data=data)
+    return wire.json_response(wire.dumps(service.session_wire(session, base)))
+
+
+@router.delete("/sessions/{session_id}", status_code=204, responses=problem_responses(400, 401, 404))
+async def delete_session(session_id: SessionId, db: WriteDb, org: OrgId) -> Response:
+    """Delete the session with its messages and events; every later call answers 404."""
+    await service.delete_session(db, organization_id=org, session_id=session_id)
+    return Response(status_code=204)
+
+
+@router.post(
+    "/sessions/{session_id}/cancel",
+    response_model=schemas.CancelTurnResponse,
+    responses=problem_responses(400, 401, 404),
+)
+async def cancel_turn(session_id: SessionId, db: WriteDb, org: OrgId) -> schemas.CancelTurnResponse:
+    """Stop the running turn wherever it runs. Idempotent: `no_op` when nothing runs."""
+    if await service.cancel_turn(db, organization_id=org, session_id=session_id):
+        return schemas.CancelTurnResponse(status="cancelled", message="Turn cancelled successfully")
+    return schemas.CancelTurnResponse(status="no_op", message="No turn was running")
+
+

@@ -1,0 +1,177 @@
+"""Session use-cases. Services never commit: the caller's unit of work does."""
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import wire
+from app.db import models
+from app.db.types import utcnow
+from app.errors import SessionNotFound
+from app.ids import format_id, uuid7
+from app.messages.checkpoint import lock_session, note_wakeup
+from app.sessions import schemas
+
+DEFAULT_HARNESS_ID = "harness_" + uuid.UUID(int=1).hex
+# Create-time fields echoed on the wire but not otherwise interpreted.
+ATTRIBUTE_FIELDS = (
+    "agent_id",
+    "model_id",
+    "locale",
+    "goal",
+    "system_prompt",
+    "hints",
+    "metadata",
+    "max_iterations",
+    "source",
+)
+# Upstream's SessionActivity filter values, mapped onto our status.
+STATUS_FILTERS = {
+    "started": "started",
+    "active": "active",
+    "running": "active",
+    "idle": "idle",
+    "waitingfortoolresults": "waitingfortoolresults",
+}
+
+
+def session_wire(session: models.Session, base_url: str) -> dict[str, Any]:
+    sid = format_id("session", session.id)
+    attrs = session.attributes
+    body: dict[str, Any] = {
+        "id": sid,
+        "organization_id": format_id("org", session.organization_id),
+        "harness_id": attrs.get("harness_id") or DEFAULT_HARNESS_ID,
+        "owner_principal_id": format_id("principal", session.organization_id),
+        "workspace_id": format_id("wsp", session.id),
+        "status": session.status,
+    }
+    if session.title is not None:
+        body["title"] = session.title
+    body["tags"] = session.tags
+    for key in ATTRIBUTE_FIELDS:
+        if attrs.get(key) is not None:
+            body[key] = attrs[key]
+    body["created_at"] = wire.timestamp(session.created_at)
+    body["updated_at"] = wire.timestamp(session.updated_at)
+    if session.started_at is not None:
+        body["started_at"] = wire.timestamp(session.started_at)
+    if session.finished_at is not None:
+        body["finished_at"] = wire.timestamp(session.finished_at)
+    body["self_url"] = f"{base_url}/v1/sessions/{sid}"
+    body["view_url"] = body["ui_link"] = f"{base_url}/sessions/{sid}/chat"
+    return body
+
+
+async def create_session(db: AsyncSession, *, organization_id: uuid.UUID, data: schemas.SessionCreate) -> models.Session:
+    now = utcnow()
+    fields = data.model_dump(exclude_unset=True, exclude_none=True)
+    session = models.Session(
+        id=uuid7(),
+        organization_id=organization_id,
+        title=data.title,
+        status="started",
+        tags=data.tags or [],
+        attributes={k: v for k, v in fields.items() if k not in ("title", "tags")},
+        last_sequence=0,
+        visible_message_count=0,
+        internal_message_count=0,
+        created_at=now,
+        updated_at=now,
+        last_activity_at=now,
+    )
+    db.add(session)
+    await db.flush()
+    return session
+
+
+async def find_session(db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID) -> models.Session | None:
+    return await db.scalar(
+        select(models.Session).where(
+            models.Session.id == session_id, models.Session.organization_id == organization_id
+        )
+    )
+
+
+async def get_session(db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID) -> models.Session:
+    """The session, or SessionNotFound (also when it belongs to another organization)."""
+    session = await find_session(db, organization_id=organization_id, session_id=session_id)
+    if session is None:
+        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
+    return session
+
+
+@dataclass
+class SessionQuery:
+    offset: int
+    limit: int
+    search: str | None = None
+    statuses: tuple[str, ...] = ()
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    order: str = "created_at"
+
+
+async def list_sessions(
+    db: AsyncSession, *, organization_id: uuid.UUID, query: SessionQuery
+) -> tuple[list[models.Session], int]:
+    stmt = select(models.Session).where(models.Session.organization_id == organization_id)
+    if query.search:
+        for token in query.search.split():
+            stmt = stmt.where(models.Session.title.ilike(f"%{token}%"))
+    if query.statuses:
+        stmt = stmt.where(models.Session.status.in_(query.statuses))
+    if query.created_after is not None:
+        stmt = stmt.where(models.Session.created_at > query.created_after)
+    if query.created_before is not None:
+        stmt = stmt.where(models.Session.created_at < query.created_before)
+    total = int(await db.scalar(select(func.count()).select_from(stmt.subquery())) or 0)
+    column = models.Session.last_activity_at if query.order == "last_activity" else models.Session.created_at
+    rows = await db.scalars(
+        stmt.order_by(column.desc(), models.Session.id.desc()).offset(query.offset).limit(query.limit)
+    )
+    return list(rows.all()), total
+
+
+async def update_session(
+    db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID, data: schemas.SessionUpdate
+) -> models.Session:
+    session = await get_session(db, organization_id=organization_id, session_id=session_id)
+    changes = data.model_dump(exclude_unset=True)
+    if "title" in changes:
+        session.title = changes["title"]
+    if "tags" in changes:
+        session.tags = changes["tags"] or []
+    attributes = dict(session.attributes)
+    for key in ("goal", "locale"):
+        if key in changes:
+            attributes[key] = changes[key]
+    session.attributes = attributes
+    session.updated_at = utcnow()
+    await db.flush()
+    return session
+
+
+async def delete_session(db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID) -> None:
+    """Delete the session with its messages and events (ON DELETE CASCADE)."""
+    session = await get_session(db, organization_id=organization_id, session_id=session_id)
+    await db.execute(delete(models.Session).where(models.Session.id == session.id))
+
+
+async def cancel_turn(db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID) -> bool:
+    """Ask the running turn to stop, wherever its runner lives: the request is durable
+    (`cancel_requested_at`) and a wake-up reaches the runner through the bus. Returns
+    False (no_op) when no turn runs. Idempotent."""
+    session = await lock_session(db, session_id)
+    if session is None or session.organization_id != organization_id:
+        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
+    if session.active_turn_id is None:
+        return False
+    if session.cancel_requested_at is None:
+        session.cancel_requested_at = utcnow()
+        note_wakeup(db, session.id, session.last_sequence)
+    return True

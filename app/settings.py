@@ -1,0 +1,82 @@
+"""Service configuration, read from the environment (and an optional `.env` file)."""
+
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/evermirror.db"
+
+
+def normalize_database_url(url: str) -> str:
+    """Map the URL spellings people paste onto the async drivers we ship."""
+    for prefix, replacement in (
+        ("postgres://", "postgresql+asyncpg://"),
+        ("postgresql://", "postgresql+asyncpg://"),
+        ("postgresql+psycopg://", "postgresql+asyncpg://"),
+        ("sqlite://", "sqlite+aiosqlite://"),
+    ):
+        if url.startswith(prefix):
+            return replacement + url[len(prefix) :]
+    return url
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore")
+
+    database_url: str = DEFAULT_DATABASE_URL
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # None: migrate at start-up for SQLite (embedded), not for PostgreSQL (a deploy step).
+    auto_migrate: bool | None = None
+    # Public base URL used for self_url/view_url/ui_link; derived from the request when unset.
+    public_url: str | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    # PostgreSQL pool; SQLite ignores these.
+    db_pool_size: int = 10
+    db_max_overflow: int = 10
+    db_pool_timeout_seconds: float = 30.0
+    db_statement_timeout_ms: int = 30_000
+    # SQLite: how long a writer waits for the file lock held by another process.
+    sqlite_busy_timeout_ms: int = 30_000
+
+    # Pagination limits.
+    messages_page_default: int = 50
+    messages_page_max: int = 200
+
+    # Seconds an API key lookup (and the "are there any keys" answer) stays cached.
+    auth_cache_seconds: float = 5.0
+
+    # Live streams.
+    sse_heartbeat_seconds: float = 30.0
+    sse_cycle_seconds: float = 300.0
+    sse_retry_ms: int = 100
+    sse_max_per_session: int = 50
+    sse_max_per_process: int = 5000
+    sse_queue_size: int = 1024
+
+    # Turn runner.
+    model_driver: Literal["scripted"] = "scripted"
+    scripted_delay_ms: int = 20
+    # PostgreSQL: how often a node sweeps for turns whose runner died.
+    runner_sweep_seconds: float = 5.0
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalize_url(cls, value: str) -> str:
+        return normalize_database_url(value)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    @property
+    def should_auto_migrate(self) -> bool:
+        return self.is_sqlite if self.auto_migrate is None else self.auto_migrate
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()
