@@ -33,7 +33,9 @@ def generate_key() -> str:
     return KEY_PREFIX + secrets.token_hex(32)
 
 
-async def create_key(db: AsyncSession, *, organization_id: uuid.UUID, name: str | None = None) -> tuple[models.ApiKey, str]:
+async def create_key(
+    db: AsyncSession, *, organization_id: uuid.UUID, name: str | None = None
+) -> tuple[models.ApiKey, str]:
     key = generate_key()
     row = models.ApiKey(
         id=uuid7(),
@@ -48,8 +50,14 @@ async def create_key(db: AsyncSession, *, organization_id: uuid.UUID, name: str 
     return row, key
 
 
-async def revoke_key(db: AsyncSession, *, key_id: uuid.UUID | None = None, prefix: str | None = None) -> int:
-    stmt = update(models.ApiKey).where(models.ApiKey.revoked_at.is_(None)).values(revoked_at=utcnow())
+async def revoke_key(
+    db: AsyncSession, *, key_id: uuid.UUID | None = None, prefix: str | None = None
+) -> int:
+    stmt = (
+        update(models.ApiKey)
+        .where(models.ApiKey.revoked_at.is_(None))
+        .values(revoked_at=utcnow())
+    )
     if key_id is not None:
         stmt = stmt.where(models.ApiKey.id == key_id)
     elif prefix is not None:
@@ -61,7 +69,11 @@ async def revoke_key(db: AsyncSession, *, key_id: uuid.UUID | None = None, prefi
 
 
 async def list_keys(db: AsyncSession) -> list[models.ApiKey]:
-    return list((await db.scalars(select(models.ApiKey).order_by(models.ApiKey.created_at))).all())
+    return list(
+        (
+            await db.scalars(select(models.ApiKey).order_by(models.ApiKey.created_at))
+        ).all()
+    )
 
 
 def credential_from_header(authorization: str | None) -> str | None:
@@ -86,7 +98,11 @@ class KeyResolver:
         now = time.monotonic()
         if now >= self._open_until:
             async with self.database.read() as db:
-                any_key = await db.scalar(select(models.ApiKey.id).where(models.ApiKey.revoked_at.is_(None)).limit(1))
+                any_key = await db.scalar(
+                    select(models.ApiKey.id)
+                    .where(models.ApiKey.revoked_at.is_(None))
+                    .limit(1)
+                )
             self._is_open = any_key is None
             self._open_until = now + self.ttl_seconds
         return self._is_open
@@ -97,17 +113,26 @@ class KeyResolver:
             return DEFAULT_ORG_ID
         credential = credential_from_header(authorization)
         if credential is None:
-            raise Unauthorized("An API key is required: send `Authorization: Bearer <key>`")
+            raise Unauthorized(
+                "An API key is required: send `Authorization: Bearer <key>`"
+            )
         digest = hash_key(credential)
         now = time.monotonic()
         cached = self._cache.get(digest)
         if cached is None or cached[0] <= now:
             async with self.database.read() as db:
                 row = await db.scalar(
-                    select(models.ApiKey).where(models.ApiKey.key_hash == digest, models.ApiKey.revoked_at.is_(None))
+                    select(models.ApiKey).where(
+                        models.ApiKey.key_hash == digest,
+                        models.ApiKey.revoked_at.is_(None),
+                    )
                 )
             # Constant-time comparison of the stored hash guards against timing probes.
-            org = row.organization_id if row is not None and hmac.compare_digest(row.key_hash, digest) else None
+            org = (
+                row.organization_id
+                if row is not None and hmac.compare_digest(row.key_hash, digest)
+                else None
+            )
             if len(self._cache) > 10_000:
                 self._cache.clear()
             cached = (now + self.ttl_seconds, org)

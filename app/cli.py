@@ -21,7 +21,10 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         try:
-            return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
+            return all(
+                ipaddress.ip_address(info[4][0]).is_loopback
+                for info in socket.getaddrinfo(host, None)
+            )
         except OSError:
             return False
 
@@ -35,7 +38,14 @@ async def _has_keys(settings: Settings) -> bool:
     database = Database.from_settings(settings)
     try:
         async with database.read() as db:
-            return await db.scalar(select(models.ApiKey.id).where(models.ApiKey.revoked_at.is_(None)).limit(1)) is not None
+            return (
+                await db.scalar(
+                    select(models.ApiKey.id)
+                    .where(models.ApiKey.revoked_at.is_(None))
+                    .limit(1)
+                )
+                is not None
+            )
     finally:
         await database.dispose()
 
@@ -57,7 +67,11 @@ def serve(args: argparse.Namespace) -> int:
     if settings.should_auto_migrate:
         upgrade(settings.database_url)
         settings = settings.model_copy(update={"auto_migrate": False})
-    if not is_loopback(settings.host) and not args.insecure and not asyncio.run(_has_keys(settings)):
+    if (
+        not is_loopback(settings.host)
+        and not args.insecure
+        and not asyncio.run(_has_keys(settings))
+    ):
         print(
             f"refusing to serve on {settings.host}: no API keys exist, so the service would be open to "
             "anyone. Create one with `python -m app keys create --org <org_id>`, or pass --insecure.",
@@ -98,14 +112,21 @@ async def _keys(args: argparse.Namespace) -> int:
                 print(f"Invalid organization ID: {exc}", file=sys.stderr)
                 return 2
             async with database.write() as db:
-                row, key = await auth.create_key(db, organization_id=org, name=args.name)
+                row, key = await auth.create_key(
+                    db, organization_id=org, name=args.name
+                )
             print(key)
-            print(f"created {format_id('key', row.id)} for {args.org}; the key is shown once", file=sys.stderr)
+            print(
+                f"created {format_id('key', row.id)} for {args.org}; the key is shown once",
+                file=sys.stderr,
+            )
         elif args.keys_command == "list":
             async with database.read() as db:
                 for row in await auth.list_keys(db):
                     state = "revoked" if row.revoked_at else "active"
-                    print(f"{format_id('key', row.id)}\t{format_id('org', row.organization_id)}\t{row.prefix}…\t{state}\t{row.name or ''}")
+                    print(
+                        f"{format_id('key', row.id)}\t{format_id('org', row.organization_id)}\t{row.prefix}…\t{state}\t{row.name or ''}"
+                    )
         elif args.keys_command == "revoke":
             async with database.write() as db:
                 if args.key.startswith("key_"):
@@ -126,7 +147,9 @@ def keys(args: argparse.Namespace) -> int:
 def openapi(args: argparse.Namespace) -> int:
     from app.main import create_app
 
-    document = json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True) + "\n"
+    document = (
+        json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True) + "\n"
+    )
     if args.output == "-":
         sys.stdout.write(document)
     else:
@@ -135,18 +158,32 @@ def openapi(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    parser = argparse.ArgumentParser(prog="evermirror", description="An Everruns-compatible session service")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    parser = argparse.ArgumentParser(
+        prog="evermirror", description="An Everruns-compatible session service"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     p_serve = commands.add_parser("serve", help="run the HTTP server")
     p_serve.add_argument("--host")
     p_serve.add_argument("--port", type=int)
-    p_serve.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations at start-up")
-    p_serve.add_argument("--insecure", action="store_true", help="allow a non-loopback address without API keys")
+    p_serve.add_argument(
+        "--no-migrate",
+        action="store_true",
+        help="do not apply pending migrations at start-up",
+    )
+    p_serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback address without API keys",
+    )
     p_serve.set_defaults(func=serve)
 
-    commands.add_parser("migrate", help="apply migrations to DATABASE_URL").set_defaults(func=migrate)
+    commands.add_parser(
+        "migrate", help="apply migrations to DATABASE_URL"
+    ).set_defaults(func=migrate)
 
     p_keys = commands.add_parser("keys", help="manage API keys")
     key_commands = p_keys.add_subparsers(dest="keys_command", required=True)
@@ -154,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     p_create.add_argument("--org", required=True, help="organization id, org_<32 hex>")
     p_create.add_argument("--name")
     key_commands.add_parser("list", help="list keys (never the keys themselves)")
-    p_revoke = key_commands.add_parser("revoke", help="revoke a key by its key_ id or the key itself")
+    p_revoke = key_commands.add_parser(
+        "revoke", help="revoke a key by its key_ id or the key itself"
+    )
     p_revoke.add_argument("key")
     p_keys.set_defaults(func=keys)
 

@@ -46,7 +46,9 @@ ReadDb = Annotated[AsyncSession, Depends(read_db, scope="function")]
 
 
 def session_id_path(
-    session_id: Annotated[str, Path(description="Session ID (format: session_{32-hex})")],
+    session_id: Annotated[
+        str, Path(description="Session ID (format: session_{32-hex})")
+    ],
 ) -> uuid.UUID:
     return parse_or_400("session", "session", session_id)
 

@@ -40,7 +40,9 @@ class AppError(Exception):
     code: ClassVar[str | None] = None
     title: ClassVar[str | None] = None
 
-    def __init__(self, detail: str | None = None, *, retry_after_seconds: int | None = None) -> None:
+    def __init__(
+        self, detail: str | None = None, *, retry_after_seconds: int | None = None
+    ) -> None:
         super().__init__(detail)
         self.detail = detail
         self.retry_after_seconds = retry_after_seconds
@@ -100,7 +102,10 @@ def problem_response(
     extra: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
 ) -> Response:
-    body: dict[str, Any] = {"title": title or HTTPStatus(status).phrase, "status": status}
+    body: dict[str, Any] = {
+        "title": title or HTTPStatus(status).phrase,
+        "status": status,
+    }
     if detail is not None:
         body["detail"] = detail
     if code is not None:
@@ -113,12 +118,18 @@ def problem_response(
         headers = {**(headers or {}), "Retry-After": str(retry_after_seconds)}
     if extra:
         body.update(extra)
-    return Response(orjson.dumps(body), status_code=status, media_type=PROBLEM_JSON, headers=headers)
+    return Response(
+        orjson.dumps(body), status_code=status, media_type=PROBLEM_JSON, headers=headers
+    )
 
 
 def _field_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
     return [
-        {"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", ""), "type": e.get("type", "")}
+        {
+            "loc": [str(p) for p in e.get("loc", ())],
+            "msg": e.get("msg", ""),
+            "type": e.get("type", ""),
+        }
         for e in errors
     ]
 
@@ -126,7 +137,9 @@ def _field_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
 def _describe(errors: list[dict[str, Any]]) -> str:
     parts = []
     for e in errors[:5]:
-        loc = ".".join(p for p in e["loc"] if p not in ("body", "query", "path", "header"))
+        loc = ".".join(
+            p for p in e["loc"] if p not in ("body", "query", "path", "header")
+        )
         parts.append(f"{loc or 'body'}: {e['msg']}")
     return "; ".join(parts)
 
@@ -147,7 +160,12 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     errors = _field_errors(exc.errors())
     if any(e["type"] == "json_invalid" for e in errors):
-        return problem_response(400, detail="Malformed JSON body", code="invalid_json", instance=request.url.path)
+        return problem_response(
+            400,
+            detail="Malformed JSON body",
+            code="invalid_json",
+            instance=request.url.path,
+        )
     # Query, path and header values are the caller's URL: 400. A well-formed body that
     # does not validate is 422, naming each offending field.
     in_body = any(e["loc"] and e["loc"][0] == "body" for e in errors)
@@ -169,7 +187,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         detail = f"No route for {request.method} {request.url.path}"
     elif exc.status_code == 405:
         detail = f"Method {request.method} is not allowed on {request.url.path}"
-    return problem_response(exc.status_code, detail=detail, instance=request.url.path, headers=headers)
+    return problem_response(
+        exc.status_code, detail=detail, instance=request.url.path, headers=headers
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -185,9 +205,11 @@ def is_transient_db_error(exc: BaseException) -> bool:
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     name = type(exc).__name__
-    return name in {"ConnectionDoesNotExistError", "CannotConnectNowError", "ConnectionRefusedError"} or isinstance(
-        exc, ConnectionError | OSError
-    )
+    return name in {
+        "ConnectionDoesNotExistError",
+        "CannotConnectNowError",
+        "ConnectionRefusedError",
+    } or isinstance(exc, ConnectionError | OSError)
 
 
 class RequestContextMiddleware:
@@ -236,7 +258,10 @@ class RequestContextMiddleware:
                 )
             else:
                 response = problem_response(
-                    500, detail="Internal server error", code="internal_error", instance=scope.get("path")
+                    500,
+                    detail="Internal server error",
+                    code="internal_error",
+                    instance=scope.get("path"),
                 )
             await response(scope, receive, send_with_id)
 
@@ -247,7 +272,11 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         status: {
             "model": ProblemDetails,
             "description": HTTPStatus(status).phrase,
-            "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}},
+            "content": {
+                PROBLEM_JSON: {
+                    "schema": {"$ref": "#/components/schemas/ProblemDetails"}
+                }
+            },
         }
         for status in statuses
     }

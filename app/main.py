@@ -53,7 +53,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         bus.sink = fanout.deliver
         await bus.start()
         database.hooks = bus
-        runner = TurnRunner(settings=settings, database=database, bus=bus, fanout=fanout)
+        runner = TurnRunner(
+            settings=settings, database=database, bus=bus, fanout=fanout
+        )
         state = AppState(
             settings=settings,
             database=database,
@@ -61,7 +63,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             bus=bus,
             fanout=fanout,
             runner=runner,
-            limits=StreamLimits(settings.sse_max_per_session, settings.sse_max_per_process),
+            limits=StreamLimits(
+                settings.sse_max_per_session, settings.sse_max_per_process
+            ),
         )
         app.state.app = state
         await runner.start()

@@ -25,12 +25,17 @@ def timestamp(value: datetime) -> str:
 
 def event_ts(value: datetime) -> str:
     """Event `ts`: millisecond precision, upstream's `2024-01-15T10:30:00.000Z`."""
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+    return (
+        value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+        + f"{value.microsecond // 1000:03d}Z"
+    )
 
 
 def join_array(items: Iterable[str | bytes]) -> bytes:
     """A JSON array from already-encoded items, without parsing them."""
-    return b"[" + b",".join(i.encode() if isinstance(i, str) else i for i in items) + b"]"
+    return (
+        b"[" + b",".join(i.encode() if isinstance(i, str) else i for i in items) + b"]"
+    )
 
 
 def with_field(encoded_object: str, key: str, value: Any) -> bytes:
@@ -41,5 +46,7 @@ def with_field(encoded_object: str, key: str, value: Any) -> bytes:
     return head[:-1] + sep + dumps(key) + b":" + dumps(value) + b"}"
 
 
-def json_response(body: bytes, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
+def json_response(
+    body: bytes, status_code: int = 200, headers: dict[str, str] | None = None
+) -> Response:
     return Response(body, status_code=status_code, media_type=JSON, headers=headers)

@@ -45,7 +45,11 @@ class PgLeases(Leases):
 
     def __init__(self, url: str) -> None:
         super().__init__()
-        self._dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self._dsn = (
+            make_url(url)
+            .set(drivername="postgresql")
+            .render_as_string(hide_password=False)
+        )
         self._conn: asyncpg.Connection | None = None
         self._lock = asyncio.Lock()
 
@@ -53,7 +57,9 @@ class PgLeases(Leases):
         if self._conn is None or self._conn.is_closed():
             # A new connection holds none of the old one's locks.
             self.held.clear()
-            self._conn = await asyncpg.connect(self._dsn, server_settings={"application_name": "evermirror-lease"})
+            self._conn = await asyncpg.connect(
+                self._dsn, server_settings={"application_name": "evermirror-lease"}
+            )
         return self._conn
 
     async def stop(self) -> None:
@@ -66,7 +72,9 @@ class PgLeases(Leases):
             if session_id in self.held:
                 return False
             conn = await self._connection()
-            if await conn.fetchval("SELECT pg_try_advisory_lock($1)", lease_key(session_id)):
+            if await conn.fetchval(
+                "SELECT pg_try_advisory_lock($1)", lease_key(session_id)
+            ):
                 self.held.add(session_id)
                 return True
             return False
@@ -77,7 +85,9 @@ class PgLeases(Leases):
                 return
             self.held.discard(session_id)
             if self._conn is not None and not self._conn.is_closed():
-                await self._conn.fetchval("SELECT pg_advisory_unlock($1)", lease_key(session_id))
+                await self._conn.fetchval(
+                    "SELECT pg_advisory_unlock($1)", lease_key(session_id)
+                )
 
     async def is_free(self, session_id: uuid.UUID) -> bool:
         """True when no process holds the session's lease (probing takes and drops it)."""

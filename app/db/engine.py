@@ -18,7 +18,9 @@ def _sqlite_file(url: str) -> Path | None:
     return Path(database)
 
 
-def _install_sqlite_hooks(engine: AsyncEngine, *, immediate: bool, busy_timeout_ms: int) -> None:
+def _install_sqlite_hooks(
+    engine: AsyncEngine, *, immediate: bool, busy_timeout_ms: int
+) -> None:
     begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
 
     @event.listens_for(engine.sync_engine, "connect")
@@ -53,14 +55,24 @@ def create_engines(settings: Settings) -> tuple[AsyncEngine, AsyncEngine]:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
         busy_s = settings.sqlite_busy_timeout_ms / 1000
-        reader = create_async_engine(url, pool_size=8, max_overflow=8, connect_args={"timeout": busy_s})
+        reader = create_async_engine(
+            url, pool_size=8, max_overflow=8, connect_args={"timeout": busy_s}
+        )
         # One writer connection per process: in-process writers queue on the pool (no lock
         # spinning), and the busy timeout covers writers in other processes (the CLI).
         writer = create_async_engine(
-            url, pool_size=1, max_overflow=0, pool_timeout=120, connect_args={"timeout": busy_s}
+            url,
+            pool_size=1,
+            max_overflow=0,
+            pool_timeout=120,
+            connect_args={"timeout": busy_s},
         )
-        _install_sqlite_hooks(reader, immediate=False, busy_timeout_ms=settings.sqlite_busy_timeout_ms)
-        _install_sqlite_hooks(writer, immediate=True, busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+        _install_sqlite_hooks(
+            reader, immediate=False, busy_timeout_ms=settings.sqlite_busy_timeout_ms
+        )
+        _install_sqlite_hooks(
+            writer, immediate=True, busy_timeout_ms=settings.sqlite_busy_timeout_ms
+        )
         return reader, writer
     engine = create_async_engine(
         url,

@@ -45,7 +45,9 @@ class Event(Base):
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
-    session_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    session_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("sessions.id", ondelete="CASCADE")
+    )
     sequence: Mapped[int] = mapped_column(Integer)
     type: Mapped[str] = mapped_column(String(64))
     turn_id: Mapped[uuid.UUID | None]
@@ -65,7 +67,9 @@ class Message(Base):
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
-    session_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    session_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("sessions.id", ondelete="CASCADE")
+    )
     # The sequence of the event that created the message; immutable.
     sequence: Mapped[int] = mapped_column(Integer)
     role: Mapped[str] = mapped_column(String(16))

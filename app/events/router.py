@@ -36,12 +36,17 @@ async def list_events(
     session_id: SessionId,
     db: ReadDb,
     org: OrgId,
-    since_id: Annotated[str | None, Query(description="Only events after this event ID")] = None,
+    since_id: Annotated[
+        str | None, Query(description="Only events after this event ID")
+    ] = None,
     after_sequence: Annotated[int | None, Query(ge=0)] = None,
     before_sequence: Annotated[int | None, Query(ge=1)] = None,
     types: Annotated[list[str] | None, Query()] = None,
     exclude: Annotated[list[str] | None, Query()] = None,
-    limit: Annotated[int | None, Query(ge=1, le=1000, description="Return the last N matching events")] = None,
+    limit: Annotated[
+        int | None,
+        Query(ge=1, le=1000, description="Return the last N matching events"),
+    ] = None,
 ) -> Response:
     """Durable events oldest first. Deltas are live only and never listed. With `limit`,
     the last N matching events and an `X-Total-Count` header."""
@@ -55,7 +60,9 @@ async def list_events(
         after_sequence = await service.find_event_sequence(db, session_id, event_id)
         if after_sequence is None:
             raise InvalidRequest(f"since_id: no event {since_id} in this session")
-    flt = service.EventFilter(after_sequence, before_sequence, type_filter, exclude_filter, limit)
+    flt = service.EventFilter(
+        after_sequence, before_sequence, type_filter, exclude_filter, limit
+    )
     rows = await service.read_event_bodies(db, session_id, flt)
     headers = {}
     if limit is not None:

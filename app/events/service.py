@@ -31,7 +31,9 @@ class EventFilter:
     limit: int | None = None
 
 
-async def allocate_sequences(db: AsyncSession, session_id: uuid.UUID, count: int) -> int:
+async def allocate_sequences(
+    db: AsyncSession, session_id: uuid.UUID, count: int
+) -> int:
     """Reserve `count` consecutive sequences; returns the first.
 
     One UPDATE ... RETURNING under the session's row lock (PostgreSQL) or the single
@@ -42,7 +44,11 @@ async def allocate_sequences(db: AsyncSession, session_id: uuid.UUID, count: int
     last = await db.scalar(
         update(models.Session)
         .where(models.Session.id == session_id)
-        .values(last_sequence=models.Session.last_sequence + count, last_activity_at=now, updated_at=now)
+        .values(
+            last_sequence=models.Session.last_sequence + count,
+            last_activity_at=now,
+            updated_at=now,
+        )
         .returning(models.Session.last_sequence)
     )
     assert last is not None
@@ -75,20 +81,30 @@ def render_event(
     return body
 
 
-async def append_events(db: AsyncSession, session_id: uuid.UUID, specs: Sequence[EventSpec]) -> list[models.Event]:
+async def append_events(
+    db: AsyncSession, session_id: uuid.UUID, specs: Sequence[EventSpec]
+) -> list[models.Event]:
     """Append events to the log in the caller's transaction, with dense sequences."""
     first = await allocate_sequences(db, session_id, len(specs))
     return add_events(db, session_id, first, specs)
 
 
-def add_events(db: AsyncSession, session_id: uuid.UUID, first: int, specs: Sequence[EventSpec]) -> list[models.Event]:
+def add_events(
+    db: AsyncSession, session_id: uuid.UUID, first: int, specs: Sequence[EventSpec]
+) -> list[models.Event]:
     """Insert events whose sequences the caller already allocated."""
     now = utcnow()
     rows = []
     for offset, spec in enumerate(specs):
         event_id = uuid7()
         sequence = first + offset
-        body = render_event(event_id=event_id, session_id=session_id, sequence=sequence, spec=spec, ts=now)
+        body = render_event(
+            event_id=event_id,
+            session_id=session_id,
+            sequence=sequence,
+            spec=spec,
+            ts=now,
+        )
         rows.append(
             models.Event(
                 id=event_id,
@@ -117,9 +133,15 @@ def _filtered(stmt: Any, session_id: uuid.UUID, flt: EventFilter) -> Any:
     return stmt
 
 
-async def read_event_bodies(db: AsyncSession, session_id: uuid.UUID, flt: EventFilter) -> list[tuple[int, str, str]]:
+async def read_event_bodies(
+    db: AsyncSession, session_id: uuid.UUID, flt: EventFilter
+) -> list[tuple[int, str, str]]:
     """(sequence, type, body) oldest first; with `limit`, the last N that match."""
-    stmt = _filtered(select(models.Event.sequence, models.Event.type, models.Event.body), session_id, flt)
+    stmt = _filtered(
+        select(models.Event.sequence, models.Event.type, models.Event.body),
+        session_id,
+        flt,
+    )
     if flt.limit is not None:
         stmt = stmt.order_by(models.Event.sequence.desc()).limit(flt.limit)
         rows = list((await db.execute(stmt)).all())
@@ -129,13 +151,24 @@ async def read_event_bodies(db: AsyncSession, session_id: uuid.UUID, flt: EventF
     return [(r[0], r[1], r[2]) for r in rows]
 
 
-async def count_events(db: AsyncSession, session_id: uuid.UUID, flt: EventFilter) -> int:
-    unlimited = EventFilter(flt.after_sequence, flt.before_sequence, flt.types, flt.exclude)
-    stmt = _filtered(select(func.count()).select_from(models.Event), session_id, unlimited)
+async def count_events(
+    db: AsyncSession, session_id: uuid.UUID, flt: EventFilter
+) -> int:
+    unlimited = EventFilter(
+        flt.after_sequence, flt.before_sequence, flt.types, flt.exclude
+    )
+    stmt = _filtered(
+        select(func.count()).select_from(models.Event), session_id, unlimited
+    )
     return int(await db.scalar(stmt) or 0)
 
 
-async def find_event_sequence(db: AsyncSession, session_id: uuid.UUID, event_id: uuid.UUID) -> int | None:
-    return await db.scalar(
-        select(models.Event.sequence).where(models.Event.session_id == session_id, models.Event.id == event_id)
+async def find_event_sequence(
+    db: AsyncSession, session_id: uuid.UUID, event_id: uuid.UUID
+) -> int | None:
+    sequence: int | None = await db.scalar(
+        select(models.Event.sequence).where(
+            models.Event.session_id == session_id, models.Event.id == event_id
+        )
     )
+    return sequence

@@ -15,7 +15,6 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -82,7 +81,9 @@ class MemoryBus(Bus):
 
 
 def _asyncpg_dsn(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    return (
+        make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    )
 
 
 def split_payload(item: dict[str, Any]) -> list[bytes]:
@@ -97,7 +98,11 @@ def split_payload(item: dict[str, Any]) -> list[bytes]:
     # Characters encode to at most 4 bytes in UTF-8 (and escaping at most doubles ASCII).
     step = max(1, (MAX_NOTIFY_BYTES - 1000) // 8)
     for start in range(0, len(text_value), step):
-        piece = {**item, "text": text_value[start : start + step], "offset": offset + start}
+        piece = {
+            **item,
+            "text": text_value[start : start + step],
+            "offset": offset + start,
+        }
         chunks.append(orjson.dumps(piece))
     return chunks
 
@@ -116,10 +121,14 @@ class PgBus(Bus):
 
     async def start(self) -> None:
         await self._connect()
-        self._supervisor = asyncio.create_task(self._supervise(), name="pg-bus-supervisor")
+        self._supervisor = asyncio.create_task(
+            self._supervise(), name="pg-bus-supervisor"
+        )
 
     async def _connect(self) -> None:
-        listener = await asyncpg.connect(self._dsn, server_settings={"application_name": "evermirror-listen"})
+        listener = await asyncpg.connect(
+            self._dsn, server_settings={"application_name": "evermirror-listen"}
+        )
         await listener.add_listener(CHANNEL, self._on_notify)
         self._listener = listener
         self._connected.set()
@@ -168,16 +177,23 @@ class PgBus(Bus):
         for session_id, sequence in db.info.get("wakeups", ()):
             await db.execute(
                 text("SELECT pg_notify(:channel, :payload)"),
-                {"channel": CHANNEL, "payload": orjson.dumps(wakeup_item(session_id, sequence)).decode()},
+                {
+                    "channel": CHANNEL,
+                    "payload": orjson.dumps(wakeup_item(session_id, sequence)).decode(),
+                },
             )
 
     async def publish(self, item: dict[str, Any]) -> None:
         payloads = split_payload(item)
         async with self._send_lock:
             if self._sender is None or self._sender.is_closed():
-                self._sender = await asyncpg.connect(self._dsn, server_settings={"application_name": "evermirror-notify"})
+                self._sender = await asyncpg.connect(
+                    self._dsn, server_settings={"application_name": "evermirror-notify"}
+                )
             for payload in payloads:
-                await self._sender.execute("SELECT pg_notify($1, $2)", CHANNEL, payload.decode())
+                await self._sender.execute(
+                    "SELECT pg_notify($1, $2)", CHANNEL, payload.decode()
+                )
 
     @property
     def healthy(self) -> bool:

@@ -94,12 +94,11 @@ class Fanout:
         if kind == "w":
             for event in self.watchers.get(session_id, ()):
                 event.set()
-        elif kind in ("p", "d", "x"):
-            if not self._project(item):
-                return
-        channel = self.channels.get(session_id)
-        if channel is not None:
-            channel.inbox.put_nowait(item)
+        elif kind in ("p", "d", "x") and not self._project(item):
+            return
+        target = self.channels.get(session_id)
+        if target is not None:
+            target.inbox.put_nowait(item)
 
     def _project(self, item: Item) -> bool:
         """Apply a live item to the projection. Returns False for an item to drop."""
@@ -109,7 +108,9 @@ class Fanout:
             return True
         projection = self.projections.get(message_id)
         if projection is None or item["r"] > projection.revision:
-            projection = Projection(uuid.UUID(hex=item["s"]), message_id, item["r"], item.get("turn"))
+            projection = Projection(
+                uuid.UUID(hex=item["s"]), message_id, item["r"], item.get("turn")
+            )
             self.projections[message_id] = projection
         elif item["r"] < projection.revision:
             return False
@@ -133,7 +134,9 @@ class Fanout:
         item["acc"] = part["text"]
         return True
 
-    def live_parts(self, session_id: uuid.UUID) -> list[tuple[Projection, list[dict[str, Any]]]]:
+    def live_parts(
+        self, session_id: uuid.UUID
+    ) -> list[tuple[Projection, list[dict[str, Any]]]]:
         return [
             (p, [dict(part) for part in p.parts.values()])
             for p in self.projections.values()
@@ -148,7 +151,9 @@ class Fanout:
         if channel is None:
             channel = Channel(session_id)
             self.channels[session_id] = channel
-            channel.task = asyncio.create_task(self._pump(channel), name=f"fanout-{session_id.hex}")
+            channel.task = asyncio.create_task(
+                self._pump(channel), name=f"fanout-{session_id.hex}"
+            )
         channel.subscribers.add(sub)
         return sub
 
@@ -197,7 +202,11 @@ class Fanout:
                 except Exception as exc:
                     # The database is unreachable: subscribers re-read from their own
                     # cursors once it is back.
-                    log.warning("fan-out read for session %s failed: %s", channel.session_id, exc)
+                    log.warning(
+                        "fan-out read for session %s failed: %s",
+                        channel.session_id,
+                        exc,
+                    )
                     items = [{"k": "resync"}]
             else:
                 items = [item]
@@ -216,7 +225,12 @@ class Fanout:
                 return []
             events = (
                 await db.execute(
-                    select(models.Event.sequence, models.Event.id, models.Event.type, models.Event.body)
+                    select(
+                        models.Event.sequence,
+                        models.Event.id,
+                        models.Event.type,
+                        models.Event.body,
+                    )
                     .where(
                         models.Event.session_id == channel.session_id,
                         models.Event.sequence > channel.last,
@@ -227,7 +241,11 @@ class Fanout:
             ).all()
             messages = (
                 await db.execute(
-                    select(models.Message.changed_sequence, models.Message.visibility, models.Message.snapshot)
+                    select(
+                        models.Message.changed_sequence,
+                        models.Message.visibility,
+                        models.Message.snapshot,
+                    )
                     .where(
                         models.Message.session_id == channel.session_id,
                         models.Message.changed_sequence > channel.last,
@@ -239,9 +257,19 @@ class Fanout:
         channel.last = max(channel.last, events[-1][0] if events else upto)
         by_sequence: dict[int, list[Item]] = {}
         for changed, visibility, snapshot in messages:
-            by_sequence.setdefault(changed, []).append({"k": "m", "q": changed, "vis": visibility, "snap": snapshot})
+            by_sequence.setdefault(changed, []).append(
+                {"k": "m", "q": changed, "vis": visibility, "snap": snapshot}
+            )
         out: list[Item] = []
         for sequence, event_id, event_type, body in events:
-            out.append({"k": "e", "q": sequence, "id": event_id, "type": event_type, "body": body})
+            out.append(
+                {
+                    "k": "e",
+                    "q": sequence,
+                    "id": event_id,
+                    "type": event_type,
+                    "body": body,
+                }
+            )
             out.extend(by_sequence.pop(sequence, ()))
         return out

@@ -13,7 +13,13 @@ def comment(text: str) -> bytes:
     return f": {text}\n\n".encode()
 
 
-def frame(event: str, data: bytes | str, *, event_id: str | None = None, retry_ms: int | None = None) -> bytes:
+def frame(
+    event: str,
+    data: bytes | str,
+    *,
+    event_id: str | None = None,
+    retry_ms: int | None = None,
+) -> bytes:
     out = f"event: {event}\n"
     if event_id is not None:
         out += f"id: {event_id}\n"
@@ -35,7 +41,11 @@ def durable_event(item: Item, retry_ms: int) -> bytes:
     """Upstream stream: a durable event carries `id:` (its event id)."""
     cached: bytes | None = item.get("_sse")
     if cached is None:
-        event_id = item["id"] if isinstance(item["id"], str) else format_id("event", item["id"])
+        event_id = (
+            item["id"]
+            if isinstance(item["id"], str)
+            else format_id("event", item["id"])
+        )
         cached = frame(item["type"], item["body"], event_id=event_id, retry_ms=retry_ms)
         item["_sse"] = cached
     return cached
@@ -45,7 +55,11 @@ def delta_event(item: Item, retry_ms: int) -> bytes:
     """Upstream stream: ephemeral deltas, no `id:` (they cannot be replayed)."""
     cached: bytes | None = item.get("_sse")
     if cached is None:
-        data: dict[str, Any] = {"turn_id": item.get("turn"), "delta": item["t"], "accumulated": item.get("acc", item["t"])}
+        data: dict[str, Any] = {
+            "turn_id": item.get("turn"),
+            "delta": item["t"],
+            "accumulated": item.get("acc", item["t"]),
+        }
         if item["ev"] == "output.message.delta":
             data["message_id"] = "message_" + item["m"]
         envelope = {
@@ -64,13 +78,21 @@ def delta_event(item: Item, retry_ms: int) -> bytes:
 def message_mutation(item: Item) -> bytes:
     cached: bytes | None = item.get("_mut")
     if cached is None:
-        cached = frame("message", b'{"message":' + item["snap"].encode() + b"}", event_id=str(item["q"]))
+        cached = frame(
+            "message",
+            b'{"message":' + item["snap"].encode() + b"}",
+            event_id=str(item["q"]),
+        )
         item["_mut"] = cached
     return cached
 
 
 def snapshot_mutation(changed_sequence: int, snapshot: str) -> bytes:
-    return frame("message", b'{"message":' + snapshot.encode() + b"}", event_id=str(changed_sequence))
+    return frame(
+        "message",
+        b'{"message":' + snapshot.encode() + b"}",
+        event_id=str(changed_sequence),
+    )
 
 
 def part_mutation(message_hex: str, revision: int, part: dict[str, Any]) -> bytes:

@@ -15,9 +15,13 @@ class StreamLimits:
 
     def acquire(self, session_id: uuid.UUID) -> None:
         if self.total >= self.per_process:
-            raise TooManyRequests("SSE connection limit for this server reached", retry_after_seconds=5)
+            raise TooManyRequests(
+                "SSE connection limit for this server reached", retry_after_seconds=5
+            )
         if self.open.get(session_id, 0) >= self.per_session:
-            raise TooManyRequests("per-session SSE connection limit reached", retry_after_seconds=5)
+            raise TooManyRequests(
+                "per-session SSE connection limit reached", retry_after_seconds=5
+            )
         self.open[session_id] = self.open.get(session_id, 0) + 1
         self.total += 1
 

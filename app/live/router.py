@@ -2,6 +2,7 @@
 and look up before streaming, then hand off to generators that own their resources."""
 
 import uuid
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
@@ -19,12 +20,15 @@ from app.state import AppState
 router = APIRouter(tags=["streams"])
 
 SSE_RESPONSES = {
-    200: {"description": "A text/event-stream of frames", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+    200: {
+        "description": "A text/event-stream of frames",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
     **problem_responses(400, 401, 404, 429),
 }
 
 
-def _response(state: AppState, frames: object) -> EventSourceResponse:
+def _response(state: AppState, frames: AsyncIterator[bytes]) -> EventSourceResponse:
     return EventSourceResponse(
         frames,
         ping=state.settings.sse_heartbeat_seconds,
@@ -40,18 +44,28 @@ def _sequence(text: str, name: str) -> int:
     return int(text)
 
 
-async def _check_session(state: AppState, org: uuid.UUID, session_id: uuid.UUID) -> None:
+async def _check_session(
+    state: AppState, org: uuid.UUID, session_id: uuid.UUID
+) -> None:
     async with state.database.read() as db:
-        await sessions_service.get_session(db, organization_id=org, session_id=session_id)
+        await sessions_service.get_session(
+            db, organization_id=org, session_id=session_id
+        )
 
 
-@router.get("/sessions/{session_id}/sse", response_class=EventSourceResponse, responses=SSE_RESPONSES)
+@router.get(
+    "/sessions/{session_id}/sse",
+    response_class=EventSourceResponse,
+    responses=SSE_RESPONSES,
+)
 async def stream_sse(
     session_id: SessionId,
     state: StateDep,
     org: OrgId,
     since_id: Annotated[str | None, Query()] = None,
-    after_sequence: Annotated[int | None, Query(ge=0, description="0 replays the whole session")] = None,
+    after_sequence: Annotated[
+        int | None, Query(ge=0, description="0 replays the whole session")
+    ] = None,
     types: Annotated[list[str] | None, Query()] = None,
     exclude: Annotated[list[str] | None, Query()] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
@@ -78,7 +92,9 @@ async def stream_sse(
             raise InvalidRequest(f"since_id: no event {event_cursor} in this session")
 
     def accept(event_type: str) -> bool:
-        return (not type_filter or event_type in type_filter) and event_type not in exclude_filter
+        return (
+            not type_filter or event_type in type_filter
+        ) and event_type not in exclude_filter
 
     state.limits.acquire(session_id)
     return _response(
@@ -89,13 +105,19 @@ async def stream_sse(
             session_id=session_id,
             cursor=cursor,
             accept=accept,
-            config=StreamConfig(state.settings.sse_retry_ms, state.settings.sse_cycle_seconds),
+            config=StreamConfig(
+                state.settings.sse_retry_ms, state.settings.sse_cycle_seconds
+            ),
             release=lambda: state.limits.release(session_id),
         ),
     )
 
 
-@router.get("/sessions/{session_id}/messages/stream", response_class=EventSourceResponse, responses=SSE_RESPONSES)
+@router.get(
+    "/sessions/{session_id}/messages/stream",
+    response_class=EventSourceResponse,
+    responses=SSE_RESPONSES,
+)
 async def stream_messages(
     session_id: SessionId,
     state: StateDep,
@@ -120,9 +142,9 @@ async def stream_messages(
             session_id=session_id,
             after=cursor,
             include_internal=include_internal,
-            config=StreamConfig(state.settings.sse_retry_ms, state.settings.sse_cycle_seconds),
+            config=StreamConfig(
+                state.settings.sse_retry_ms, state.settings.sse_cycle_seconds
+            ),
             release=lambda: state.limits.release(session_id),
         ),
     )
-
-

@@ -12,7 +12,6 @@ from sqlalchemy import select
 
 from app.db import models
 from app.db.session import Database
-from app.events import service as events_service
 from app.live import frames
 from app.live.fanout import Fanout, Item, Subscription
 
@@ -27,7 +26,7 @@ class StreamConfig:
 
 def _cycle_deadline(cycle_seconds: float) -> float:
     # ±20 % jitter, as upstream, so clients of one deploy do not reconnect in lockstep.
-    return time.monotonic() + cycle_seconds * random.uniform(0.8, 1.2)  # noqa: S311
+    return time.monotonic() + cycle_seconds * random.uniform(0.8, 1.2)
 
 
 async def _next(sub: Subscription, deadline: float) -> Item | None:
@@ -42,7 +41,17 @@ async def _next(sub: Subscription, deadline: float) -> Item | None:
 
 async def _last_sequence(database: Database, session_id: uuid.UUID) -> int | None:
     async with database.read() as db:
-        return await db.scalar(select(models.Session.last_sequence).where(models.Session.id == session_id))
+        last: int | None = await db.scalar(
+            select(models.Session.last_sequence).where(models.Session.id == session_id)
+        )
+    return last
+
+
+@dataclass
+class Position:
+    """The last durable sequence a subscriber has been given (sent or filtered out)."""
+
+    sequence: int
 
 
 async def upstream_events(
@@ -60,9 +69,12 @@ async def upstream_events(
     try:
         yield frames.connected()
         if cursor is None:
-            cursor = await _last_sequence(database, session_id) or 0
+            position = Position(await _last_sequence(database, session_id) or 0)
         else:
-            async for chunk, cursor in _replay_events(database, session_id, cursor, accept, config):
+            position = Position(cursor)
+            async for chunk in _replay_events(
+                database, session_id, position, accept, config
+            ):
                 yield chunk
         deadline = _cycle_deadline(config.cycle_seconds)
         while True:
@@ -75,19 +87,28 @@ async def upstream_events(
                 return
             kind = item["k"]
             if kind == "e":
-                if item["q"] <= cursor:
+                if item["q"] <= position.sequence:
                     continue
-                if item["q"] > cursor + 1:
-                    async for chunk, cursor in _replay_events(database, session_id, cursor, accept, config, upto=item["q"] - 1):
+                if item["q"] > position.sequence + 1:
+                    async for chunk in _replay_events(
+                        database,
+                        session_id,
+                        position,
+                        accept,
+                        config,
+                        upto=item["q"] - 1,
+                    ):
                         yield chunk
-                cursor = item["q"]
+                position.sequence = item["q"]
                 if accept(item["type"]):
                     yield frames.durable_event(item, config.retry_ms)
             elif kind == "d":
                 if accept(item["ev"]):
                     yield frames.delta_event(item, config.retry_ms)
             elif kind == "resync":
-                async for chunk, cursor in _replay_events(database, session_id, cursor, accept, config):
+                async for chunk in _replay_events(
+                    database, session_id, position, accept, config
+                ):
                     yield chunk
     finally:
         fanout.unsubscribe(sub)
@@ -97,29 +118,43 @@ async def upstream_events(
 async def _replay_events(
     database: Database,
     session_id: uuid.UUID,
-    cursor: int,
+    position: Position,
     accept: Callable[[str], bool],
     config: StreamConfig,
     upto: int | None = None,
-) -> AsyncIterator[tuple[bytes, int]]:
-    """Durable events after `cursor`, in pages, each page its own short read."""
+) -> AsyncIterator[bytes]:
+    """Durable events after `position` (up to `upto`), in pages, each page its own
+    short read; advances `position` past every event read, sent or filtered out."""
     while True:
-        flt = events_service.EventFilter(after_sequence=cursor, before_sequence=None if upto is None else upto + 1)
         async with database.read() as db:
             stmt = (
-                select(models.Event.sequence, models.Event.id, models.Event.type, models.Event.body)
-                .where(models.Event.session_id == session_id, models.Event.sequence > flt.after_sequence)
+                select(
+                    models.Event.sequence,
+                    models.Event.id,
+                    models.Event.type,
+                    models.Event.body,
+                )
+                .where(
+                    models.Event.session_id == session_id,
+                    models.Event.sequence > position.sequence,
+                )
                 .order_by(models.Event.sequence)
                 .limit(REPLAY_PAGE)
             )
-            if flt.before_sequence is not None:
-                stmt = stmt.where(models.Event.sequence < flt.before_sequence)
+            if upto is not None:
+                stmt = stmt.where(models.Event.sequence <= upto)
             rows = (await db.execute(stmt)).all()
         for sequence, event_id, event_type, body in rows:
-            cursor = sequence
+            position.sequence = sequence
             if accept(event_type):
-                item = {"k": "e", "q": sequence, "id": event_id, "type": event_type, "body": body}
-                yield frames.durable_event(item, config.retry_ms), cursor
+                item = {
+                    "k": "e",
+                    "q": sequence,
+                    "id": event_id,
+                    "type": event_type,
+                    "body": body,
+                }
+                yield frames.durable_event(item, config.retry_ms)
         if len(rows) < REPLAY_PAGE:
             return
 
@@ -141,18 +176,29 @@ async def message_mutations(
     sent: dict[str, int] = {}
     try:
         async with database.read() as db:
-            last = await db.scalar(select(models.Session.last_sequence).where(models.Session.id == session_id)) or 0
+            last = (
+                await db.scalar(
+                    select(models.Session.last_sequence).where(
+                        models.Session.id == session_id
+                    )
+                )
+                or 0
+            )
         if after is not None and after > last:
             yield frames.reset("cursor_ahead")
             after = None
         cursor = last
         if after is not None:
-            async for chunk in _changed_messages(database, session_id, after, last, include_internal):
+            async for chunk in _changed_messages(
+                database, session_id, after, last, include_internal
+            ):
                 yield chunk
         for projection, parts in fanout.live_parts(session_id):
             for part in parts:
                 sent[part["part_id"]] = len(part.get("text", ""))
-                yield frames.part_mutation(projection.message_id.hex, projection.revision, part)
+                yield frames.part_mutation(
+                    projection.message_id.hex, projection.revision, part
+                )
         deadline = _cycle_deadline(config.cycle_seconds)
         while True:
             item = await _next(sub, deadline)
@@ -164,7 +210,9 @@ async def message_mutations(
             kind = item["k"]
             if kind == "e":
                 if item["q"] > cursor + 1:
-                    async for chunk in _changed_messages(database, session_id, cursor, item["q"] - 1, include_internal):
+                    async for chunk in _changed_messages(
+                        database, session_id, cursor, item["q"] - 1, include_internal
+                    ):
                         yield chunk
                 cursor = max(cursor, item["q"])
             elif kind == "m":
@@ -189,7 +237,9 @@ async def message_mutations(
                 sent[item["pid"]] = end
                 yield frames.delta_mutation(item)
             elif kind == "resync":
-                async for chunk in _changed_messages(database, session_id, cursor, None, include_internal):
+                async for chunk in _changed_messages(
+                    database, session_id, cursor, None, include_internal
+                ):
                     yield chunk
                 last_now = await _last_sequence(database, session_id)
                 cursor = max(cursor, last_now or 0)
@@ -199,12 +249,17 @@ async def message_mutations(
 
 
 async def _changed_messages(
-    database: Database, session_id: uuid.UUID, after: int, upto: int | None, include_internal: bool
+    database: Database,
+    session_id: uuid.UUID,
+    after: int,
+    upto: int | None,
+    include_internal: bool,
 ) -> AsyncIterator[bytes]:
     """The latest snapshot of each message changed in (after, upto], not its history."""
     async with database.read() as db:
         stmt = select(models.Message.changed_sequence, models.Message.snapshot).where(
-            models.Message.session_id == session_id, models.Message.changed_sequence > after
+            models.Message.session_id == session_id,
+            models.Message.changed_sequence > after,
         )
         if upto is not None:
             stmt = stmt.where(models.Message.changed_sequence <= upto)

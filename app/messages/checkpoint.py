@@ -39,15 +39,20 @@ def note_wakeup(db: AsyncSession, session_id: uuid.UUID, sequence: int) -> None:
     db.info.setdefault("wakeups", []).append((session_id, sequence))
 
 
-async def lock_session(db: AsyncSession, session_id: uuid.UUID) -> models.Session | None:
+async def lock_session(
+    db: AsyncSession, session_id: uuid.UUID
+) -> models.Session | None:
     """Take the session's row lock (PostgreSQL FOR UPDATE; SQLite writers already hold
     the database write lock from BEGIN IMMEDIATE, and SQLAlchemy omits the clause)."""
-    return await db.scalar(
+    session: models.Session | None = await db.scalar(
         select(models.Session).where(models.Session.id == session_id).with_for_update()
     )
+    return session
 
 
-async def get_message_for_update(db: AsyncSession, message_id: uuid.UUID) -> models.Message:
+async def get_message_for_update(
+    db: AsyncSession, message_id: uuid.UUID
+) -> models.Message:
     message = await db.get(models.Message, message_id, populate_existing=True)
     if message is None:
         raise CheckpointError(f"message {message_id} does not exist")
@@ -58,7 +63,12 @@ def part_id(role: str, part_type: str, sequence: int) -> str:
     return f"{role}-{part_type}:{sequence}"
 
 
-def number_parts(role: str, existing: Sequence[dict[str, Any]], parts: Sequence[dict[str, Any]], step_id: str | None = None) -> list[dict[str, Any]]:
+def number_parts(
+    role: str,
+    existing: Sequence[dict[str, Any]],
+    parts: Sequence[dict[str, Any]],
+    step_id: str | None = None,
+) -> list[dict[str, Any]]:
     """Give new parts their stable identity: the next sequences, a part_id and a step_id.
     Parts that arrive with a part_id (announced by the live projection) keep it."""
     taken = {p["part_id"] for p in existing}
@@ -130,14 +140,33 @@ async def append_user_message(
     if starting:
         turn_id = uuid7()
     message_id = uuid.uuid4()
-    specs = [EventSpec("input.message", {}, turn_id=turn_id, input_message_id=message_id)]
+    specs = [
+        EventSpec("input.message", {}, turn_id=turn_id, input_message_id=message_id)
+    ]
     if starting:
         assert turn_id is not None
-        ids = {"input_message_id": format_id("message", message_id), "turn_id": format_id("turn", turn_id)}
-        text = " ".join(p.get("text", "") for p in content if p.get("type") == "text").strip()
-        specs.append(EventSpec("session.activated", dict(ids), turn_id=turn_id, input_message_id=message_id))
+        ids = {
+            "input_message_id": format_id("message", message_id),
+            "turn_id": format_id("turn", turn_id),
+        }
+        text = " ".join(
+            p.get("text", "") for p in content if p.get("type") == "text"
+        ).strip()
         specs.append(
-            EventSpec("turn.started", {**ids, "input_content": text or None}, turn_id=turn_id, input_message_id=message_id)
+            EventSpec(
+                "session.activated",
+                dict(ids),
+                turn_id=turn_id,
+                input_message_id=message_id,
+            )
+        )
+        specs.append(
+            EventSpec(
+                "turn.started",
+                {**ids, "input_content": text or None},
+                turn_id=turn_id,
+                input_message_id=message_id,
+            )
         )
     first = await allocate_sequences(db, session.id, len(specs))
     message = models.Message(
@@ -158,7 +187,12 @@ async def append_user_message(
         updated_at=now,
     )
     render.render(message)
-    specs[0] = EventSpec("input.message", {"message": render.message_wire(message)}, turn_id=turn_id, input_message_id=message_id)
+    specs[0] = EventSpec(
+        "input.message",
+        {"message": render.message_wire(message)},
+        turn_id=turn_id,
+        input_message_id=message_id,
+    )
     db.add(message)
     _count(session, visibility)
     if starting:
@@ -201,18 +235,30 @@ async def open_agent_message(
     )
     db.add(message)
     _count(session, "visible")
-    data: dict[str, Any] = {"message_id": format_id("message", message_id), "turn_id": format_id("turn", turn_id)}
+    data: dict[str, Any] = {
+        "message_id": format_id("message", message_id),
+        "turn_id": format_id("turn", turn_id),
+    }
     if iteration is not None:
         data["iteration"] = iteration
     if model is not None:
         data["model"] = model
     if phase is not None:
         data["phase"] = phase
-    return await _commit(db, session, message, [EventSpec("output.message.started", data, turn_id=turn_id)], first=first)
+    return await _commit(
+        db,
+        session,
+        message,
+        [EventSpec("output.message.started", data, turn_id=turn_id)],
+        first=first,
+    )
 
 
 def _completed(message: models.Message, **extra: Any) -> EventSpec:
-    data = {"message": render.message_wire(message), **{k: v for k, v in extra.items() if v is not None}}
+    data = {
+        "message": render.message_wire(message),
+        **{k: v for k, v in extra.items() if v is not None},
+    }
     return EventSpec("output.message.completed", data, turn_id=message.turn_id)
 
 
@@ -231,9 +277,16 @@ async def commit_step(
     """Commit a completed model Step: its complete parts at once, each carrying `step_id`.
     With `close`, the same checkpoint closes the message (`state: done`)."""
     _touch(message)
-    message.content = [*message.content, *number_parts("agent", message.content, parts, step_id)]
+    message.content = [
+        *message.content,
+        *number_parts("agent", message.content, parts, step_id),
+    ]
     if phase is not None:
-        message.extra = {**message.extra, "phase": phase, "phase_source": phase_source or "derived"}
+        message.extra = {
+            **message.extra,
+            "phase": phase,
+            "phase_source": phase_source or "derived",
+        }
     if close:
         message.state = "done"
     render.render(message)
@@ -244,7 +297,9 @@ def _find_part(message: models.Message, **match: Any) -> tuple[int, dict[str, An
     for index, part in enumerate(message.content):
         if all(part.get(k) == v for k, v in match.items()):
             return index, part
-    raise CheckpointError(f"no part matching {match} in message {format_id('message', message.id)}")
+    raise CheckpointError(
+        f"no part matching {match} in message {format_id('message', message.id)}"
+    )
 
 
 async def tool_transition(
@@ -270,7 +325,10 @@ async def tool_transition(
     step_id = part.get("step_id")
     new_parts: list[dict[str, Any]] = []
     if status in ("completed", "failed"):
-        tool_result: dict[str, Any] = {"type": "tool_result", "tool_call_id": tool_call_id}
+        tool_result: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_call_id": tool_call_id,
+        }
         if result is not None:
             tool_result["result"] = result
         if error is not None:
@@ -278,14 +336,26 @@ async def tool_transition(
         new_parts.append(tool_result)
     if interaction is not None:
         try:
-            i_index, existing = _find_part(message, type="interaction", interaction_id=interaction["interaction_id"])
+            i_index, existing = _find_part(
+                message,
+                type="interaction",
+                interaction_id=interaction["interaction_id"],
+            )
             content[i_index] = {**existing, **interaction, "type": "interaction"}
         except CheckpointError:
-            new_parts.append({**interaction, "type": "interaction", "tool_call_id": tool_call_id})
+            new_parts.append(
+                {**interaction, "type": "interaction", "tool_call_id": tool_call_id}
+            )
     message.content = [*content, *number_parts("agent", content, new_parts, step_id)]
-    tool_call = {"id": tool_call_id, "name": part["name"], "arguments": part.get("arguments")}
+    tool_call = {
+        "id": tool_call_id,
+        "name": part["name"],
+        "arguments": part.get("arguments"),
+    }
     if status == "running":
-        spec = EventSpec("tool.started", {"tool_call": tool_call}, turn_id=message.turn_id)
+        spec = EventSpec(
+            "tool.started", {"tool_call": tool_call}, turn_id=message.turn_id
+        )
     else:
         data: dict[str, Any] = {
             "tool_call_id": tool_call_id,
@@ -329,7 +399,10 @@ async def append_action(
         )
     if streaming is not None:
         _touch(streaming)
-        streaming.content = [*streaming.content, *number_parts("agent", streaming.content, [part])]
+        streaming.content = [
+            *streaming.content,
+            *number_parts("agent", streaming.content, [part]),
+        ]
         render.render(streaming)
         return await _commit(db, session, streaming, [*specs, _completed(streaming)])
     now = utcnow()
@@ -354,7 +427,9 @@ async def append_action(
     render.render(message)
     db.add(message)
     _count(session, "visible")
-    return await _commit(db, session, message, [*specs, _completed(message)], first=first)
+    return await _commit(
+        db, session, message, [*specs, _completed(message)], first=first
+    )
 
 
 async def close_message(
@@ -373,7 +448,11 @@ async def close_message(
         code, text = error
         message.content = [
             *message.content,
-            *number_parts("agent", message.content, [{"type": "error", "code": code, "message": text}]),
+            *number_parts(
+                "agent",
+                message.content,
+                [{"type": "error", "code": code, "message": text}],
+            ),
         ]
     message.state = "done"
     render.render(message)
@@ -390,7 +469,9 @@ async def finish_turn(
 ) -> Checkpoint:
     """End the session's running turn with its outcome event, then `session.idled`."""
     now = utcnow()
-    idled = EventSpec("session.idled", {"turn_id": format_id("turn", turn_id)}, turn_id=turn_id)
+    idled = EventSpec(
+        "session.idled", {"turn_id": format_id("turn", turn_id)}, turn_id=turn_id
+    )
     session.active_turn_id = None
     session.cancel_requested_at = None
     session.status = "idle"
@@ -398,7 +479,9 @@ async def finish_turn(
     return await _commit(db, session, None, [outcome, idled])
 
 
-async def streaming_messages(db: AsyncSession, session_id: uuid.UUID | None = None) -> list[models.Message]:
+async def streaming_messages(
+    db: AsyncSession, session_id: uuid.UUID | None = None
+) -> list[models.Message]:
     stmt = select(models.Message).where(models.Message.state == "streaming")
     if session_id is not None:
         stmt = stmt.where(models.Message.session_id == session_id)

@@ -19,11 +19,15 @@ router = APIRouter(tags=["messages"])
     response_model=schemas.Message,
     responses=problem_responses(400, 401, 404, 422),
 )
-async def create_message(session_id: SessionId, data: schemas.MessageCreate, db: WriteDb, org: OrgId) -> Response:
+async def create_message(
+    session_id: SessionId, data: schemas.MessageCreate, db: WriteDb, org: OrgId
+) -> Response:
     """Store a user message. `delivery` says what happened: `started` (a new turn began),
     `steered` (joined the running turn) or `duplicate` (this `client_message_id` was seen
     before: the stored message is returned and nothing is written)."""
-    body = await service.create_message(db, organization_id=org, session_id=session_id, data=data)
+    body = await service.create_message(
+        db, organization_id=org, session_id=session_id, data=data
+    )
     return wire.json_response(body, 201)
 
 
@@ -37,9 +41,16 @@ async def list_messages(
     db: ReadDb,
     org: OrgId,
     state: StateDep,
-    limit: Annotated[int | None, Query(description="Page size; default 50, values above 200 are capped")] = None,
-    before_sequence: Annotated[int | None, Query(ge=1, description="Only messages with sequence < N")] = None,
-    include_internal: Annotated[bool, Query(description="Include visibility=internal messages")] = False,
+    limit: Annotated[
+        int | None,
+        Query(description="Page size; default 50, values above 200 are capped"),
+    ] = None,
+    before_sequence: Annotated[
+        int | None, Query(ge=1, description="Only messages with sequence < N")
+    ] = None,
+    include_internal: Annotated[
+        bool, Query(description="Include visibility=internal messages")
+    ] = False,
 ) -> Response:
     """Messages oldest first within a page; without `before_sequence` the newest page.
     Walk older history with `next_before_sequence`. Pages never split a message."""
@@ -65,11 +76,15 @@ async def list_messages(
 )
 async def get_message(
     session_id: SessionId,
-    message_id: Annotated[str, Path(description="Message ID (format: message_{32-hex})")],
+    message_id: Annotated[
+        str, Path(description="Message ID (format: message_{32-hex})")
+    ],
     db: ReadDb,
     org: OrgId,
 ) -> Response:
     """One message snapshot."""
     message_uuid = parse_or_400("message", "message", message_id)
-    body = await service.get_message(db, organization_id=org, session_id=session_id, message_id=message_uuid)
+    body = await service.get_message(
+        db, organization_id=org, session_id=session_id, message_id=message_uuid
+    )
     return wire.json_response(body)

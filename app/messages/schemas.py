@@ -46,7 +46,8 @@ class ContextInput(InputSchema):
 
 
 InputPart = Annotated[
-    TextInput | ImageInput | ImageFileInput | FileInput | ContextInput, Field(discriminator="type")
+    TextInput | ImageInput | ImageFileInput | FileInput | ContextInput,
+    Field(discriminator="type"),
 ]
 
 
@@ -59,7 +60,9 @@ class InputMessage(InputSchema):
 
 
 class ReasoningControls(InputSchema):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    effort: (
+        Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None
+    ) = None
 
 
 class Controls(InputSchema):
@@ -93,8 +96,12 @@ class MessageCreate(InputSchema):
 
 class PartBase(Schema):
     part_id: str = Field(description="Stable identity of the part within its message.")
-    sequence: int = Field(description="Immutable position of the part within its message, from 1.")
-    step_id: str | None = Field(default=None, description="The model Step that produced the part.")
+    sequence: int = Field(
+        description="Immutable position of the part within its message, from 1."
+    )
+    step_id: str | None = Field(
+        default=None, description="The model Step that produced the part."
+    )
 
 
 class AnnotationSource(Schema):
@@ -159,7 +166,8 @@ class ToolCallPart(PartBase):
     arguments: Any
     native: NativeToolCall | None = None
     status: Literal["requested", "running", "completed", "failed"] | None = Field(
-        default=None, description="The tool's state; transitions update this part in place."
+        default=None,
+        description="The tool's state; transitions update this part in place.",
     )
 
 
@@ -253,7 +261,9 @@ class Message(Schema):
 
 class MessagePage(Schema):
     data: list[Message]
-    total: int = Field(description="Real Messages in the session (visible, or all with include_internal).")
+    total: int = Field(
+        description="Real Messages in the session (visible, or all with include_internal)."
+    )
     has_more: bool
     start_sequence: int | None = None
     end_sequence: int | None = None

@@ -16,7 +16,11 @@ from app.sessions import service as sessions_service
 
 
 async def create_message(
-    db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID, data: schemas.MessageCreate
+    db: AsyncSession,
+    *,
+    organization_id: uuid.UUID,
+    session_id: uuid.UUID,
+    data: schemas.MessageCreate,
 ) -> bytes:
     """Store a user message and return its snapshot with `delivery`.
 
@@ -60,7 +64,9 @@ async def create_message(
     if not was_running:
         db.info.setdefault("kicks", set()).add(session_id)
     assert result.message is not None
-    return wire.with_field(result.message.snapshot, "delivery", "steered" if was_running else "started")
+    return wire.with_field(
+        result.message.snapshot, "delivery", "steered" if was_running else "started"
+    )
 
 
 async def list_messages(
@@ -78,16 +84,28 @@ async def list_messages(
     counters are `total`. A message that commits between the two reads may appear with
     a newer revision than the cursor, which a client resuming from the cursor merges
     idempotently by revision."""
-    session = await sessions_service.find_session(db, organization_id=organization_id, session_id=session_id)
+    session = await sessions_service.find_session(
+        db, organization_id=organization_id, session_id=session_id
+    )
     if session is None:
         raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
-    total = session.visible_message_count + (session.internal_message_count if include_internal else 0)
-    stmt = select(models.Message.sequence, models.Message.snapshot).where(models.Message.session_id == session_id)
+    total = session.visible_message_count + (
+        session.internal_message_count if include_internal else 0
+    )
+    stmt = select(models.Message.sequence, models.Message.snapshot).where(
+        models.Message.session_id == session_id
+    )
     if not include_internal:
         stmt = stmt.where(models.Message.visibility == "visible")
     if before_sequence is not None:
         stmt = stmt.where(models.Message.sequence < before_sequence)
-    rows = list((await db.execute(stmt.order_by(models.Message.sequence.desc()).limit(limit + 1))).all())
+    rows = list(
+        (
+            await db.execute(
+                stmt.order_by(models.Message.sequence.desc()).limit(limit + 1)
+            )
+        ).all()
+    )
     has_more = len(rows) > limit
     page = rows[:limit]
     page.reverse()
@@ -103,11 +121,19 @@ async def list_messages(
 
 
 async def get_message(
-    db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID, message_id: uuid.UUID
+    db: AsyncSession,
+    *,
+    organization_id: uuid.UUID,
+    session_id: uuid.UUID,
+    message_id: uuid.UUID,
 ) -> bytes:
-    await sessions_service.get_session(db, organization_id=organization_id, session_id=session_id)
+    await sessions_service.get_session(
+        db, organization_id=organization_id, session_id=session_id
+    )
     snapshot = await db.scalar(
-        select(models.Message.snapshot).where(models.Message.session_id == session_id, models.Message.id == message_id)
+        select(models.Message.snapshot).where(
+            models.Message.session_id == session_id, models.Message.id == message_id
+        )
     )
     if snapshot is None:
         raise MessageNotFound(f"Message {format_id('message', message_id)} not found")

@@ -68,7 +68,9 @@ SCENARIO = re.compile(r"^/scenario\s+(\w+)(?:\s+(.*))?$", re.DOTALL)
 def latest_user_text(messages: list[dict[str, Any]]) -> str:
     for message in reversed(messages):
         if message["role"] == "user":
-            return " ".join(p.get("text", "") for p in message["content"] if p["type"] == "text").strip()
+            return " ".join(
+                p.get("text", "") for p in message["content"] if p["type"] == "text"
+            ).strip()
     return ""
 
 
@@ -95,15 +97,27 @@ class ScriptedDriver:
     async def step(self, turn: Turn) -> AsyncIterator[ModelEvent]:
         text = latest_user_text(turn.messages)
         match = SCENARIO.match(text)
-        scenario, args = (match.group(1), (match.group(2) or "").strip()) if match else ("echo", text)
+        scenario, args = (
+            (match.group(1), (match.group(2) or "").strip())
+            if match
+            else ("echo", text)
+        )
         if scenario == "tool":
             if turn.iteration == 1:
                 async for event in self._words("Let me look that up."):
                     yield event
-                yield ToolCall(id="call_lookup_1", name="lookup", arguments={"query": args or "the answer"})
+                yield ToolCall(
+                    id="call_lookup_1",
+                    name="lookup",
+                    arguments={"query": args or "the answer"},
+                )
                 yield StepFinish(phase="commentary")
             else:
-                result = json.dumps(turn.tool_results[0].get("result")) if turn.tool_results else "nothing"
+                result = (
+                    json.dumps(turn.tool_results[0].get("result"))
+                    if turn.tool_results
+                    else "nothing"
+                )
                 async for event in self._words(f"The lookup returned {result}."):
                     yield event
                 yield StepFinish()
@@ -124,7 +138,10 @@ class ScriptedDriver:
                         "start": 0,
                         "end": len(body),
                         "origin": "citation_retrieval",
-                        "source": {"uri": "https://example.com/architecture", "title": "Architecture Overview"},
+                        "source": {
+                            "uri": "https://example.com/architecture",
+                            "title": "Architecture Overview",
+                        },
                         "verified": {"status": "entailed", "score": 0.92},
                     }
                 ]

@@ -65,7 +65,11 @@ class LiveStep:
 
     def new_part(self, part: dict[str, Any]) -> dict[str, Any]:
         sequence = self.first_sequence + len(self.parts)
-        part = {"part_id": checkpoint.part_id("agent", part["type"], sequence), "sequence": sequence, **part}
+        part = {
+            "part_id": checkpoint.part_id("agent", part["type"], sequence),
+            "sequence": sequence,
+            **part,
+        }
         self.parts.append(part)
         return part
 
@@ -81,7 +85,9 @@ class LiveStep:
 
 
 class TurnRunner:
-    def __init__(self, *, settings: Settings, database: Database, bus: Bus, fanout: Fanout) -> None:
+    def __init__(
+        self, *, settings: Settings, database: Database, bus: Bus, fanout: Fanout
+    ) -> None:
         self.settings = settings
         self.database = database
         self.bus = bus
@@ -102,7 +108,11 @@ class TurnRunner:
         await self.leases.start()
         self.fanout.control_handlers.append(self._on_control)
         self.fanout.resync_requests.append(self._ask_resync)
-        await self.recover(grace_seconds=0 if not self.is_distributed else self.settings.runner_sweep_seconds)
+        await self.recover(
+            grace_seconds=0
+            if not self.is_distributed
+            else self.settings.runner_sweep_seconds
+        )
         if self.is_distributed:
             self._sweeper = asyncio.create_task(self._sweep(), name="runner-sweeper")
 
@@ -149,7 +159,9 @@ class TurnRunner:
         if session_id in self.tasks:
             self.rekick.add(session_id)
             return
-        task = asyncio.create_task(self._run_session(session_id), name=f"turn-{session_id.hex}")
+        task = asyncio.create_task(
+            self._run_session(session_id), name=f"turn-{session_id.hex}"
+        )
         self.tasks[session_id] = task
 
     async def _run_session(self, session_id: uuid.UUID) -> None:
@@ -187,33 +199,51 @@ class TurnRunner:
 
     async def _active_turn(self, session_id: uuid.UUID) -> uuid.UUID | None:
         async with self.database.read() as db:
-            return await db.scalar(select(models.Session.active_turn_id).where(models.Session.id == session_id))
+            return await db.scalar(
+                select(models.Session.active_turn_id).where(
+                    models.Session.id == session_id
+                )
+            )
 
     # ---- a turn --------------------------------------------------------------------
 
     async def _cancel_requested(self, session_id: uuid.UUID) -> bool:
         async with self.database.read() as db:
             requested = await db.scalar(
-                select(models.Session.cancel_requested_at).where(models.Session.id == session_id)
+                select(models.Session.cancel_requested_at).where(
+                    models.Session.id == session_id
+                )
             )
         return requested is not None
 
-    async def _history(self, session_id: uuid.UUID, turn_id: uuid.UUID) -> tuple[list[dict[str, Any]], int]:
+    async def _history(
+        self, session_id: uuid.UUID, turn_id: uuid.UUID
+    ) -> tuple[list[dict[str, Any]], int]:
         """The recent conversation for the model, and the newest user message sequence
         of this turn it includes."""
         async with self.database.read() as db:
             rows = (
                 await db.execute(
-                    select(models.Message.snapshot, models.Message.role, models.Message.turn_id, models.Message.sequence)
+                    select(
+                        models.Message.snapshot,
+                        models.Message.role,
+                        models.Message.turn_id,
+                        models.Message.sequence,
+                    )
                     .where(models.Message.session_id == session_id)
                     .order_by(models.Message.sequence.desc())
                     .limit(HISTORY_FOR_MODEL)
                 )
             ).all()
-        consumed = max((seq for _, role, turn, seq in rows if role == "user" and turn == turn_id), default=0)
+        consumed = max(
+            (seq for _, role, turn, seq in rows if role == "user" and turn == turn_id),
+            default=0,
+        )
         return [wire.loads(snapshot) for snapshot, *_ in reversed(rows)], consumed
 
-    async def _unconsumed(self, db: Any, session_id: uuid.UUID, turn_id: uuid.UUID, consumed: int) -> bool:
+    async def _unconsumed(
+        self, db: Any, session_id: uuid.UUID, turn_id: uuid.UUID, consumed: int
+    ) -> bool:
         newer = await db.scalar(
             select(models.Message.id)
             .where(
@@ -244,16 +274,26 @@ class TurnRunner:
                     async with self.database.write() as db:
                         session = await self._lock(db, session_id)
                         opened = await checkpoint.open_agent_message(
-                            db, session, turn_id=turn_id, model=self.driver.name, iteration=iteration
+                            db,
+                            session,
+                            turn_id=turn_id,
+                            model=self.driver.name,
+                            iteration=iteration,
                         )
                     assert opened.message is not None
                     message_id, revision, content_length = opened.message.id, 1, 0
-                step = LiveStep(session_id, message_id, turn_id, revision, content_length + 1)
+                step = LiveStep(
+                    session_id, message_id, turn_id, revision, content_length + 1
+                )
                 self.live[message_id] = step
-                tool_calls = await self._stream_step(step, Turn(history, iteration, tool_results), watch)
+                tool_calls = await self._stream_step(
+                    step, Turn(history, iteration, tool_results), watch
+                )
                 async with self.database.write() as db:
                     session = await self._lock(db, session_id)
-                    close = not tool_calls and not await self._unconsumed(db, session_id, turn_id, consumed)
+                    close = not tool_calls and not await self._unconsumed(
+                        db, session_id, turn_id, consumed
+                    )
                     message = await checkpoint.get_message_for_update(db, message_id)
                     committed = await checkpoint.commit_step(
                         db,
@@ -266,17 +306,27 @@ class TurnRunner:
                         close=close,
                     )
                     assert committed.message is not None
-                    revision, content_length = committed.message.revision, len(committed.message.content)
+                    revision, content_length = (
+                        committed.message.revision,
+                        len(committed.message.content),
+                    )
                 self.live.pop(message_id, None)
-                await self.bus.publish({"k": "x", "s": session_id.hex, "m": message_id.hex})
+                await self.bus.publish(
+                    {"k": "x", "s": session_id.hex, "m": message_id.hex}
+                )
                 tool_results = []
                 for call in tool_calls:
                     tool_count += 1
                     result = await self._run_tool(session_id, message_id, call)
                     tool_results.append(result)
                     async with self.database.write() as db:
-                        message = await checkpoint.get_message_for_update(db, message_id)
-                        revision, content_length = message.revision, len(message.content)
+                        message = await checkpoint.get_message_for_update(
+                            db, message_id
+                        )
+                        revision, content_length = (
+                            message.revision,
+                            len(message.content),
+                        )
                 if close:
                     async with self.database.write() as db:
                         session = await self._lock(db, session_id)
@@ -294,18 +344,42 @@ class TurnRunner:
                             "tool_call_count": tool_count,
                         }
                         await checkpoint.finish_turn(
-                            db, session, turn_id=turn_id, outcome=EventSpec("turn.completed", data, turn_id=turn_id)
+                            db,
+                            session,
+                            turn_id=turn_id,
+                            outcome=EventSpec("turn.completed", data, turn_id=turn_id),
                         )
                     return
         except TurnCancelled:
             await self._end_with_error(
-                session_id, turn_id, message_id, ("cancelled", "The turn was cancelled by the user"),
-                EventSpec("turn.cancelled", {"turn_id": format_id("turn", turn_id), "reason": "cancelled_by_user"}, turn_id=turn_id),
+                session_id,
+                turn_id,
+                message_id,
+                ("cancelled", "The turn was cancelled by the user"),
+                EventSpec(
+                    "turn.cancelled",
+                    {
+                        "turn_id": format_id("turn", turn_id),
+                        "reason": "cancelled_by_user",
+                    },
+                    turn_id=turn_id,
+                ),
             )
         except ModelError as exc:
             await self._end_with_error(
-                session_id, turn_id, message_id, ("model_error", str(exc)),
-                EventSpec("turn.failed", {"turn_id": format_id("turn", turn_id), "error": str(exc), "error_code": "model_error"}, turn_id=turn_id),
+                session_id,
+                turn_id,
+                message_id,
+                ("model_error", str(exc)),
+                EventSpec(
+                    "turn.failed",
+                    {
+                        "turn_id": format_id("turn", turn_id),
+                        "error": str(exc),
+                        "error_code": "model_error",
+                    },
+                    turn_id=turn_id,
+                ),
             )
         except asyncio.CancelledError:
             # Shutting down: leave the turn for start-up recovery (or another node).
@@ -313,8 +387,19 @@ class TurnRunner:
         except Exception as exc:
             log.exception("turn %s failed", turn_id)
             await self._end_with_error(
-                session_id, turn_id, message_id, ("internal_error", "The turn failed unexpectedly"),
-                EventSpec("turn.failed", {"turn_id": format_id("turn", turn_id), "error": type(exc).__name__, "error_code": "internal_error"}, turn_id=turn_id),
+                session_id,
+                turn_id,
+                message_id,
+                ("internal_error", "The turn failed unexpectedly"),
+                EventSpec(
+                    "turn.failed",
+                    {
+                        "turn_id": format_id("turn", turn_id),
+                        "error": type(exc).__name__,
+                        "error_code": "internal_error",
+                    },
+                    turn_id=turn_id,
+                ),
             )
         finally:
             self.fanout.unwatch(session_id, watch)
@@ -329,7 +414,9 @@ class TurnRunner:
             raise TurnCancelled
         return session
 
-    async def _stream_step(self, step: LiveStep, turn: Turn, watch: asyncio.Event) -> list[ToolCall]:
+    async def _stream_step(
+        self, step: LiveStep, turn: Turn, watch: asyncio.Event
+    ) -> list[ToolCall]:
         tool_calls: list[ToolCall] = []
         text_part: dict[str, Any] | None = None
         reasoning_part: dict[str, Any] | None = None
@@ -345,12 +432,22 @@ class TurnRunner:
                 await self._delta(step, text_part, event.text, "output.message.delta")
             elif isinstance(event, ReasoningDelta):
                 if reasoning_part is None:
-                    reasoning_part = step.new_part({"type": "reasoning", "provider": self.driver.name, "text": ""})
+                    reasoning_part = step.new_part(
+                        {"type": "reasoning", "provider": self.driver.name, "text": ""}
+                    )
                     await self.bus.publish(step.item("p", part=dict(reasoning_part)))
-                await self._delta(step, reasoning_part, event.text, "reason.thinking.delta")
+                await self._delta(
+                    step, reasoning_part, event.text, "reason.thinking.delta"
+                )
             elif isinstance(event, ToolCall):
                 part = step.new_part(
-                    {"type": "tool_call", "id": event.id, "name": event.name, "arguments": event.arguments, "status": "requested"}
+                    {
+                        "type": "tool_call",
+                        "id": event.id,
+                        "name": event.name,
+                        "arguments": event.arguments,
+                        "status": "requested",
+                    }
                 )
                 await self.bus.publish(step.item("p", part=dict(part)))
                 tool_calls.append(event)
@@ -365,7 +462,9 @@ class TurnRunner:
                 part["text"] = {"kind": "plain", "text": part["text"]}
         return tool_calls
 
-    async def _delta(self, step: LiveStep, part: dict[str, Any], text: str, event_type: str) -> None:
+    async def _delta(
+        self, step: LiveStep, part: dict[str, Any], text: str, event_type: str
+    ) -> None:
         offset = len(part["text"])
         part["text"] += text
         await self.bus.publish(
@@ -380,14 +479,22 @@ class TurnRunner:
             )
         )
 
-    async def _run_tool(self, session_id: uuid.UUID, message_id: uuid.UUID, call: ToolCall) -> dict[str, Any]:
+    async def _run_tool(
+        self, session_id: uuid.UUID, message_id: uuid.UUID, call: ToolCall
+    ) -> dict[str, Any]:
         async with self.database.write() as db:
             session = await self._lock(db, session_id)
             message = await checkpoint.get_message_for_update(db, message_id)
-            await checkpoint.tool_transition(db, session, message, tool_call_id=call.id, status="running")
+            await checkpoint.tool_transition(
+                db, session, message, tool_call_id=call.id, status="running"
+            )
         began = time.monotonic()
         try:
-            result, error, status = await run_tool(call.name, call.arguments), None, "completed"
+            result, error, status = (
+                await run_tool(call.name, call.arguments),
+                None,
+                "completed",
+            )
         except ModelError as exc:
             result, error, status = None, str(exc), "failed"
         async with self.database.write() as db:
@@ -439,21 +546,26 @@ class TurnRunner:
                 (
                     await db.scalars(
                         select(models.Session.id).where(
-                            models.Session.active_turn_id.is_not(None), models.Session.last_activity_at <= cutoff
+                            models.Session.active_turn_id.is_not(None),
+                            models.Session.last_activity_at <= cutoff,
                         )
                     )
                 ).all()
             )
         recovered = 0
         for session_id in candidates:
-            if session_id in self.tasks or not await self.leases.try_acquire(session_id):
+            if session_id in self.tasks or not await self.leases.try_acquire(
+                session_id
+            ):
                 continue
             try:
                 closed = await self._recover_session(session_id)
             finally:
                 await self.leases.release(session_id)
             for message_id in closed:
-                await self.bus.publish({"k": "x", "s": session_id.hex, "m": message_id.hex})
+                await self.bus.publish(
+                    {"k": "x", "s": session_id.hex, "m": message_id.hex}
+                )
             recovered += 1
         return recovered
 
@@ -466,15 +578,27 @@ class TurnRunner:
             messages = await checkpoint.streaming_messages(db, session_id)
             for message in messages:
                 await checkpoint.close_message(
-                    db, session, message, error=("interrupted", "The server running this turn stopped before the message was complete")
+                    db,
+                    session,
+                    message,
+                    error=(
+                        "interrupted",
+                        "The server running this turn stopped before the message was complete",
+                    ),
                 )
             outcome = EventSpec(
                 "turn.failed",
-                {"turn_id": format_id("turn", turn_id), "error": "The turn was interrupted", "error_code": "interrupted"},
+                {
+                    "turn_id": format_id("turn", turn_id),
+                    "error": "The turn was interrupted",
+                    "error_code": "interrupted",
+                },
                 turn_id=turn_id,
             )
             await checkpoint.finish_turn(db, session, turn_id=turn_id, outcome=outcome)
-            log.warning("recovered interrupted turn %s of session %s", turn_id, session_id)
+            log.warning(
+                "recovered interrupted turn %s of session %s", turn_id, session_id
+            )
             return [m.id for m in messages]
 
     async def _sweep(self) -> None:

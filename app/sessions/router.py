@@ -20,14 +20,22 @@ router = APIRouter(tags=["sessions"])
     response_model=schemas.Session,
     responses=problem_responses(400, 401, 422),
 )
-async def create_session(data: schemas.SessionCreate, db: WriteDb, org: OrgId, base: BaseUrl) -> Response:
+async def create_session(
+    data: schemas.SessionCreate, db: WriteDb, org: OrgId, base: BaseUrl
+) -> Response:
     """Create a session. Every body field is optional."""
     session = await service.create_session(db, organization_id=org, data=data)
     body = service.session_wire(session, base)
-    return wire.json_response(wire.dumps(body), 201, headers={"Location": body["self_url"]})
+    return wire.json_response(
+        wire.dumps(body), 201, headers={"Location": body["self_url"]}
+    )
 
 
-@router.get("/sessions", response_model=schemas.SessionPage, responses=problem_responses(400, 401))
+@router.get(
+    "/sessions",
+    response_model=schemas.SessionPage,
+    responses=problem_responses(400, 401),
+)
 async def list_sessions(
     db: ReadDb,
     org: OrgId,
@@ -49,8 +57,12 @@ async def list_sessions(
             statuses.append(service.STATUS_FILTERS[value.strip()])
     for stamp in (created_after, created_before):
         if stamp is not None and stamp.tzinfo is None:
-            raise InvalidRequest("created_after/created_before need a UTC offset (RFC 3339)")
-    query = service.SessionQuery(offset, limit, search, tuple(statuses), created_after, created_before, order)
+            raise InvalidRequest(
+                "created_after/created_before need a UTC offset (RFC 3339)"
+            )
+    query = service.SessionQuery(
+        offset, limit, search, tuple(statuses), created_after, created_before, order
+    )
     rows, total = await service.list_sessions(db, organization_id=org, query=query)
     body: dict[str, object] = {
         "data": [service.session_wire(s, base) for s in rows],
@@ -58,37 +70,63 @@ async def list_sessions(
         "offset": offset,
         "limit": limit,
     }
-    params = {k: v for k, v in {"search": search, "status": status, "order": order}.items() if v}
+    params = {
+        k: v
+        for k, v in {"search": search, "status": status, "order": order}.items()
+        if v
+    }
     if created_after is not None:
         params["created_after"] = created_after.isoformat()
     if created_before is not None:
         params["created_before"] = created_before.isoformat()
     if offset + limit < total:
-        body["next_url"] = f"{base}/v1/sessions?" + urlencode({**params, "offset": offset + limit, "limit": limit})
+        body["next_url"] = f"{base}/v1/sessions?" + urlencode(
+            {**params, "offset": offset + limit, "limit": limit}
+        )
     if offset > 0:
-        body["prev_url"] = f"{base}/v1/sessions?" + urlencode({**params, "offset": max(0, offset - limit), "limit": limit})
+        body["prev_url"] = f"{base}/v1/sessions?" + urlencode(
+            {**params, "offset": max(0, offset - limit), "limit": limit}
+        )
     return wire.json_response(wire.dumps(body))
 
 
-@router.get("/sessions/{session_id}", response_model=schemas.Session, responses=problem_responses(400, 401, 404))
-async def get_session(session_id: SessionId, db: ReadDb, org: OrgId, base: BaseUrl) -> Response:
+@router.get(
+    "/sessions/{session_id}",
+    response_model=schemas.Session,
+    responses=problem_responses(400, 401, 404),
+)
+async def get_session(
+    session_id: SessionId, db: ReadDb, org: OrgId, base: BaseUrl
+) -> Response:
     """One session."""
     session = await service.get_session(db, organization_id=org, session_id=session_id)
     return wire.json_response(wire.dumps(service.session_wire(session, base)))
 
 
 @router.patch(
-    "/sessions/{session_id}", response_model=schemas.Session, responses=problem_responses(400, 401, 404, 422)
+    "/sessions/{session_id}",
+    response_model=schemas.Session,
+    responses=problem_responses(400, 401, 404, 422),
 )
 async def update_session(
-    session_id: SessionId, data: schemas.SessionUpdate, db: WriteDb, org: OrgId, base: BaseUrl
+    session_id: SessionId,
+    data: schemas.SessionUpdate,
+    db: WriteDb,
+    org: OrgId,
+    base: BaseUrl,
 ) -> Response:
     """Update title, tags, goal or locale; only the fields sent change."""
-    session = await service.update_session(db, organization_id=org, session_id=session_id, data=data)
+    session = await service.update_session(
+        db, organization_id=org, session_id=session_id, data=data
+    )
     return wire.json_response(wire.dumps(service.session_wire(session, base)))
 
 
-@router.delete("/sessions/{session_id}", status_code=204, responses=problem_responses(400, 401, 404))
+@router.delete(
+    "/sessions/{session_id}",
+    status_code=204,
+    responses=problem_responses(400, 401, 404),
+)
 async def delete_session(session_id: SessionId, db: WriteDb, org: OrgId) -> Response:
     """Delete the session with its messages and events; every later call answers 404."""
     await service.delete_session(db, organization_id=org, session_id=session_id)
@@ -100,10 +138,12 @@ async def delete_session(session_id: SessionId, db: WriteDb, org: OrgId) -> Resp
     response_model=schemas.CancelTurnResponse,
     responses=problem_responses(400, 401, 404),
 )
-async def cancel_turn(session_id: SessionId, db: WriteDb, org: OrgId) -> schemas.CancelTurnResponse:
+async def cancel_turn(
+    session_id: SessionId, db: WriteDb, org: OrgId
+) -> schemas.CancelTurnResponse:
     """Stop the running turn wherever it runs. Idempotent: `no_op` when nothing runs."""
     if await service.cancel_turn(db, organization_id=org, session_id=session_id):
-        return schemas.CancelTurnResponse(status="cancelled", message="Turn cancelled successfully")
+        return schemas.CancelTurnResponse(
+            status="cancelled", message="Turn cancelled successfully"
+        )
     return schemas.CancelTurnResponse(status="no_op", message="No turn was running")
-
-

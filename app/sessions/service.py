@@ -67,7 +67,9 @@ def session_wire(session: models.Session, base_url: str) -> dict[str, Any]:
     return body
 
 
-async def create_session(db: AsyncSession, *, organization_id: uuid.UUID, data: schemas.SessionCreate) -> models.Session:
+async def create_session(
+    db: AsyncSession, *, organization_id: uuid.UUID, data: schemas.SessionCreate
+) -> models.Session:
     now = utcnow()
     fields = data.model_dump(exclude_unset=True, exclude_none=True)
     session = models.Session(
@@ -89,17 +91,25 @@ async def create_session(db: AsyncSession, *, organization_id: uuid.UUID, data: 
     return session
 
 
-async def find_session(db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID) -> models.Session | None:
-    return await db.scalar(
+async def find_session(
+    db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID
+) -> models.Session | None:
+    session: models.Session | None = await db.scalar(
         select(models.Session).where(
-            models.Session.id == session_id, models.Session.organization_id == organization_id
+            models.Session.id == session_id,
+            models.Session.organization_id == organization_id,
         )
     )
+    return session
 
 
-async def get_session(db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID) -> models.Session:
+async def get_session(
+    db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID
+) -> models.Session:
     """The session, or SessionNotFound (also when it belongs to another organization)."""
-    session = await find_session(db, organization_id=organization_id, session_id=session_id)
+    session = await find_session(
+        db, organization_id=organization_id, session_id=session_id
+    )
     if session is None:
         raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
     return session
@@ -119,7 +129,9 @@ class SessionQuery:
 async def list_sessions(
     db: AsyncSession, *, organization_id: uuid.UUID, query: SessionQuery
 ) -> tuple[list[models.Session], int]:
-    stmt = select(models.Session).where(models.Session.organization_id == organization_id)
+    stmt = select(models.Session).where(
+        models.Session.organization_id == organization_id
+    )
     if query.search:
         for token in query.search.split():
             stmt = stmt.where(models.Session.title.ilike(f"%{token}%"))
@@ -130,17 +142,29 @@ async def list_sessions(
     if query.created_before is not None:
         stmt = stmt.where(models.Session.created_at < query.created_before)
     total = int(await db.scalar(select(func.count()).select_from(stmt.subquery())) or 0)
-    column = models.Session.last_activity_at if query.order == "last_activity" else models.Session.created_at
+    column = (
+        models.Session.last_activity_at
+        if query.order == "last_activity"
+        else models.Session.created_at
+    )
     rows = await db.scalars(
-        stmt.order_by(column.desc(), models.Session.id.desc()).offset(query.offset).limit(query.limit)
+        stmt.order_by(column.desc(), models.Session.id.desc())
+        .offset(query.offset)
+        .limit(query.limit)
     )
     return list(rows.all()), total
 
 
 async def update_session(
-    db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID, data: schemas.SessionUpdate
+    db: AsyncSession,
+    *,
+    organization_id: uuid.UUID,
+    session_id: uuid.UUID,
+    data: schemas.SessionUpdate,
 ) -> models.Session:
-    session = await get_session(db, organization_id=organization_id, session_id=session_id)
+    session = await get_session(
+        db, organization_id=organization_id, session_id=session_id
+    )
     changes = data.model_dump(exclude_unset=True)
     if "title" in changes:
         session.title = changes["title"]
@@ -156,13 +180,19 @@ async def update_session(
     return session
 
 
-async def delete_session(db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID) -> None:
+async def delete_session(
+    db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID
+) -> None:
     """Delete the session with its messages and events (ON DELETE CASCADE)."""
-    session = await get_session(db, organization_id=organization_id, session_id=session_id)
+    session = await get_session(
+        db, organization_id=organization_id, session_id=session_id
+    )
     await db.execute(delete(models.Session).where(models.Session.id == session.id))
 
 
-async def cancel_turn(db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID) -> bool:
+async def cancel_turn(
+    db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID
+) -> bool:
     """Ask the running turn to stop, wherever its runner lives: the request is durable
     (`cancel_requested_at`) and a wake-up reaches the runner through the bus. Returns
     False (no_op) when no turn runs. Idempotent."""
