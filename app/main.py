@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
+from starlette.middleware.cors import CORSMiddleware
 
 from app import __doc__ as app_doc
 from app.auth import KeyResolver
@@ -14,6 +15,7 @@ from app.db.migrate import upgrade
 from app.db.session import Database
 from app.errors import RequestContextMiddleware, install_error_handlers
 from app.events.router import router as events_router
+from app.guards import BodyGuardMiddleware, RateLimitMiddleware
 from app.live.bus import create_bus
 from app.live.fanout import Fanout
 from app.live.limits import StreamLimits
@@ -85,6 +87,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         generate_unique_id_function=operation_id,
     )
     install_error_handlers(app)
+    # Added innermost first: request context -> CORS -> rate limit -> body guard -> routes.
+    app.add_middleware(BodyGuardMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        RateLimitMiddleware,
+        rate=settings.rate_limit_per_second,
+        burst=settings.rate_limit_burst,
+    )
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "PATCH", "DELETE", "OPTIONS"],
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "Last-Event-ID",
+                "X-Org-Id",
+            ],
+            expose_headers=["X-Total-Count", "Location", "X-Request-Id", "Retry-After"],
+            max_age=600,
+        )
     app.add_middleware(RequestContextMiddleware)
     app.include_router(api_router(), prefix="/v1")
     # Upstream's base URL (and the official SDK's) ends in /api: same routes, same names.

@@ -1,10 +1,10 @@
 """Service configuration, read from the environment (and an optional `.env` file)."""
 
 from functools import lru_cache
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/evermirror.db"
 
@@ -46,6 +46,18 @@ class Settings(BaseSettings):
     messages_page_default: int = 50
     messages_page_max: int = 200
 
+    # Request guards: every bad input gets a problem+json answer and changes nothing.
+    max_body_bytes: int = 1_000_000
+    max_message_parts: int = 100
+    max_text_chars: int = 200_000
+    max_json_depth: int = 16
+    max_json_bytes: int = 32_768
+    # Token bucket per API key (per client address in open mode); 0 disables it.
+    rate_limit_per_second: float = 100.0
+    rate_limit_burst: int = 400
+    # Browser origins allowed to call the API and open the streams (CORS); none by default.
+    cors_origins: Annotated[list[str], NoDecode] = []
+
     # Seconds an API key lookup (and the "are there any keys" answer) stays cached.
     auth_cache_seconds: float = 5.0
 
@@ -67,6 +79,14 @@ class Settings(BaseSettings):
     @classmethod
     def _normalize_url(cls, value: str) -> str:
         return normalize_database_url(value)
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: Any) -> Any:
+        # CORS_ORIGINS=https://a.example,https://b.example
+        if isinstance(value, str):
+            return [origin.strip() for origin in value.split(",") if origin.strip()]
+        return value
 
     @property
     def is_sqlite(self) -> bool:

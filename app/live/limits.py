@@ -5,6 +5,27 @@ from dataclasses import dataclass, field
 
 from app.errors import TooManyRequests
 
+RETRY_AFTER_SECONDS = 5
+
+
+class Slot:
+    """One admitted stream. Released exactly once: by the stream's generator when it ends,
+    or, if the client vanished before the generator ever ran, when the unstarted
+    generator (which holds the slot) is garbage collected."""
+
+    def __init__(self, limits: "StreamLimits", session_id: uuid.UUID) -> None:
+        self._limits = limits
+        self._session_id = session_id
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._limits.release(self._session_id)
+
+    def __del__(self) -> None:
+        self.release()
+
 
 @dataclass
 class StreamLimits:
@@ -13,17 +34,20 @@ class StreamLimits:
     open: dict[uuid.UUID, int] = field(default_factory=dict)
     total: int = 0
 
-    def acquire(self, session_id: uuid.UUID) -> None:
+    def acquire(self, session_id: uuid.UUID) -> Slot:
         if self.total >= self.per_process:
             raise TooManyRequests(
-                "SSE connection limit for this server reached", retry_after_seconds=5
+                "SSE connection limit for this server reached",
+                retry_after_seconds=RETRY_AFTER_SECONDS,
             )
         if self.open.get(session_id, 0) >= self.per_session:
             raise TooManyRequests(
-                "per-session SSE connection limit reached", retry_after_seconds=5
+                "per-session SSE connection limit reached",
+                retry_after_seconds=RETRY_AFTER_SECONDS,
             )
         self.open[session_id] = self.open.get(session_id, 0) + 1
         self.total += 1
+        return Slot(self, session_id)
 
     def release(self, session_id: uuid.UUID) -> None:
         count = self.open.get(session_id, 0) - 1

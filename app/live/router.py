@@ -96,7 +96,7 @@ async def stream_sse(
             not type_filter or event_type in type_filter
         ) and event_type not in exclude_filter
 
-    state.limits.acquire(session_id)
+    slot = state.limits.acquire(session_id)
     return _response(
         state,
         upstream_events(
@@ -108,7 +108,7 @@ async def stream_sse(
             config=StreamConfig(
                 state.settings.sse_retry_ms, state.settings.sse_cycle_seconds
             ),
-            release=lambda: state.limits.release(session_id),
+            release=slot.release,
         ),
     )
 
@@ -133,7 +133,7 @@ async def stream_messages(
     cursor_text = after if after is not None else last_event_id
     cursor = _sequence(cursor_text, "after") if cursor_text else None
     await _check_session(state, org, session_id)
-    state.limits.acquire(session_id)
+    slot = state.limits.acquire(session_id)
     return _response(
         state,
         message_mutations(
@@ -145,6 +145,6 @@ async def stream_messages(
             config=StreamConfig(
                 state.settings.sse_retry_ms, state.settings.sse_cycle_seconds
             ),
-            release=lambda: state.limits.release(session_id),
+            release=slot.release,
         ),
     )

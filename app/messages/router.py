@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
 
-from app import wire
+from app import guards, wire
 from app.deps import OrgId, ReadDb, SessionId, StateDep, WriteDb
 from app.errors import InvalidRequest, problem_responses
 from app.ids import parse_or_400
@@ -20,11 +20,16 @@ router = APIRouter(tags=["messages"])
     responses=problem_responses(400, 401, 404, 422),
 )
 async def create_message(
-    session_id: SessionId, data: schemas.MessageCreate, db: WriteDb, org: OrgId
+    session_id: SessionId,
+    data: schemas.MessageCreate,
+    db: WriteDb,
+    org: OrgId,
+    state: StateDep,
 ) -> Response:
     """Store a user message. `delivery` says what happened: `started` (a new turn began),
     `steered` (joined the running turn) or `duplicate` (this `client_message_id` was seen
     before: the stored message is returned and nothing is written)."""
+    guards.check_message(data, state.settings)
     body = await service.create_message(
         db, organization_id=org, session_id=session_id, data=data
     )

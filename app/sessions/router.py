@@ -4,10 +4,10 @@ from datetime import datetime
 from typing import Annotated, Literal
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Body, Query, Response
 
-from app import wire
-from app.deps import BaseUrl, OrgId, ReadDb, SessionId, WriteDb
+from app import guards, wire
+from app.deps import BaseUrl, OrgId, ReadDb, SessionId, StateDep, WriteDb
 from app.errors import InvalidRequest, problem_responses
 from app.sessions import schemas, service
 
@@ -21,9 +21,15 @@ router = APIRouter(tags=["sessions"])
     responses=problem_responses(400, 401, 422),
 )
 async def create_session(
-    data: schemas.SessionCreate, db: WriteDb, org: OrgId, base: BaseUrl
+    db: WriteDb,
+    org: OrgId,
+    base: BaseUrl,
+    state: StateDep,
+    data: Annotated[schemas.SessionCreate | None, Body()] = None,
 ) -> Response:
-    """Create a session. Every body field is optional."""
+    """Create a session. Every body field is optional; so is the body."""
+    data = data or schemas.SessionCreate()
+    guards.check_session(data, state.settings)
     session = await service.create_session(db, organization_id=org, data=data)
     body = service.session_wire(session, base)
     return wire.json_response(
@@ -114,8 +120,10 @@ async def update_session(
     db: WriteDb,
     org: OrgId,
     base: BaseUrl,
+    state: StateDep,
 ) -> Response:
     """Update title, tags, goal or locale; only the fields sent change."""
+    guards.check_session(data, state.settings)
     session = await service.update_session(
         db, organization_id=org, session_id=session_id, data=data
     )

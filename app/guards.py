@@ -1,0 +1,209 @@
+"""Request guards: body size and content type, rate limits, and the size and shape limits
+of message and session inputs. Each refusal is problem+json and happens before any write."""
+
+import hashlib
+import time
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.errors import Unprocessable, problem_response
+from app.settings import Settings
+
+BODY_METHODS = {b"POST", b"PUT", b"PATCH", "POST", "PUT", "PATCH"}
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+class BodyGuardMiddleware:
+    """413 for bodies over `max_body_bytes` (declared or streamed), 415 for a body that is
+    not JSON. Runs before routing, so nothing downstream ever sees such a request."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path")
+        length = _header(scope, b"content-length")
+        if (
+            length is not None
+            and length.isdigit()
+            and int(length) > self.max_body_bytes
+        ):
+            await self._too_large(scope, receive, send, path)
+            return
+        content_type = _header(scope, b"content-type")
+        has_body = (length is not None and length != "0") or _header(
+            scope, b"transfer-encoding"
+        ) is not None
+        if has_body and (content_type is None or not _is_json(content_type)):
+            response = problem_response(
+                415,
+                detail="Request bodies must be JSON (Content-Type: application/json)",
+                code="unsupported_media_type",
+                instance=path,
+            )
+            await response(scope, receive, send)
+            return
+        # Read the body here (it is at most max_body_bytes) so a chunked body that grows
+        # too large is refused before the application sees any of it.
+        chunks: list[bytes] = []
+        received = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > self.max_body_bytes:
+                await self._too_large(scope, receive, send, path)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(
+        self, scope: Scope, receive: Receive, send: Send, path: str | None
+    ) -> None:
+        response = problem_response(
+            413,
+            detail=f"Request body larger than {self.max_body_bytes} bytes",
+            code="payload_too_large",
+            instance=path,
+        )
+        await response(scope, receive, send)
+
+
+class RateLimitMiddleware:
+    """A token bucket per API key (by the hash of the credential sent) or, without one, per
+    client address. Per process: behind a load balancer of N processes a client gets up to
+    N times the rate. `/health` is exempt."""
+
+    MAX_BUCKETS = 100_000
+
+    def __init__(self, app: ASGIApp, rate: float, burst: int) -> None:
+        self.app = app
+        self.rate = rate
+        self.burst = float(burst)
+        self.buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    def _take(self, key: str) -> float:
+        """Take a token; returns 0 when allowed, else seconds until one is available."""
+        now = time.monotonic()
+        tokens, stamp = self.buckets.pop(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - stamp) * self.rate)
+        wait = 0.0
+        if tokens >= 1:
+            tokens -= 1
+        else:
+            wait = (1 - tokens) / self.rate
+        self.buckets[key] = (tokens, now)
+        if len(self.buckets) > self.MAX_BUCKETS:
+            self.buckets.popitem(last=False)
+        return wait
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.rate <= 0 or scope.get("path") == "/health":
+            await self.app(scope, receive, send)
+            return
+        credential = _header(scope, b"authorization")
+        if credential:
+            key = "key:" + hashlib.sha256(credential.encode()).hexdigest()
+        else:
+            client = scope.get("client")
+            key = "addr:" + (client[0] if client else "unknown")
+        wait = self._take(key)
+        if wait > 0:
+            response = problem_response(
+                429,
+                detail="Too many requests; slow down",
+                code="rate_limited",
+                instance=scope.get("path"),
+                retry_after_seconds=max(1, int(wait + 0.999)),
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _depth(value: Any, limit: int, level: int = 1) -> int:
+    if level > limit:
+        return level
+    if isinstance(value, dict):
+        return max((_depth(v, limit, level + 1) for v in value.values()), default=level)
+    if isinstance(value, list):
+        return max((_depth(v, limit, level + 1) for v in value), default=level)
+    return level
+
+
+def check_json_field(name: str, value: Any, settings: Settings) -> None:
+    """Free-form JSON (metadata, hints) is bounded in depth and encoded size."""
+    if value is None:
+        return
+    if _depth(value, settings.max_json_depth) > settings.max_json_depth:
+        raise Unprocessable(
+            f"{name}: nested deeper than {settings.max_json_depth} levels"
+        )
+    if len(orjson.dumps(value)) > settings.max_json_bytes:
+        raise Unprocessable(
+            f"{name}: larger than {settings.max_json_bytes} bytes encoded"
+        )
+
+
+def check_message(data: Any, settings: Settings) -> None:
+    parts = data.message.content
+    if len(parts) > settings.max_message_parts:
+        raise Unprocessable(
+            f"message.content: at most {settings.max_message_parts} parts"
+        )
+    for index, part in enumerate(parts):
+        for field in ("text", "context", "base64"):
+            value = getattr(part, field, None)
+            if isinstance(value, str) and len(value) > settings.max_text_chars:
+                raise Unprocessable(
+                    f"message.content.{index}.{field}: longer than {settings.max_text_chars} characters"
+                )
+    check_json_field("metadata", data.metadata, settings)
+    if data.controls is not None:
+        check_json_field("controls.hints", data.controls.hints, settings)
+    if data.external_actor is not None:
+        check_json_field(
+            "external_actor.metadata", data.external_actor.metadata, settings
+        )
+
+
+def check_session(data: Any, settings: Settings) -> None:
+    check_json_field("metadata", getattr(data, "metadata", None), settings)
+    check_json_field("hints", getattr(data, "hints", None), settings)
+    tags = getattr(data, "tags", None) or []
+    if len(tags) > 100 or any(len(tag) > 200 for tag in tags):
+        raise Unprocessable("tags: at most 100 tags of at most 200 characters")
