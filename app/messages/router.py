@@ -2,7 +2,7 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Header, Path, Query, Response
 
 from app import guards, wire
 from app.deps import OrgId, ReadDb, SessionId, StateDep, WriteDb
@@ -56,22 +56,28 @@ async def list_messages(
     include_internal: Annotated[
         bool, Query(description="Include visibility=internal messages")
     ] = False,
+    if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
 ) -> Response:
     """Messages oldest first within a page; without `before_sequence` the newest page.
-    Walk older history with `next_before_sequence`. Pages never split a message."""
+    Walk older history with `next_before_sequence`. Pages never split a message.
+    Responses carry an `ETag`; polling with `If-None-Match` answers `304` until the
+    session changes."""
     settings = state.settings
     if limit is not None and limit < 1:
         raise InvalidRequest("limit: must be at least 1")
     page_size = min(limit or settings.messages_page_default, settings.messages_page_max)
-    body = await service.list_messages(
+    etag, body = await service.list_messages(
         db,
         organization_id=org,
         session_id=session_id,
         limit=page_size,
         before_sequence=before_sequence,
         include_internal=include_internal,
+        if_none_match=if_none_match,
     )
-    return wire.json_response(body)
+    if body is None:
+        return Response(status_code=304, headers={"ETag": etag})
+    return wire.json_response(body, headers={"ETag": etag})
 
 
 @router.get(

@@ -77,18 +77,26 @@ async def list_messages(
     limit: int,
     before_sequence: int | None,
     include_internal: bool,
-) -> bytes:
+    if_none_match: str | None = None,
+) -> tuple[str, bytes | None]:
     """One page of messages, oldest first, newest page first when no cursor is given.
+    Returns the page's ETag and body; the body is None when `if_none_match` matches.
 
     The session row is read first: its `last_sequence` is the page's `cursor` and its
     counters are `total`. A message that commits between the two reads may appear with
     a newer revision than the cursor, which a client resuming from the cursor merges
-    idempotently by revision."""
+    idempotently by revision. Every checkpoint bumps `last_sequence`, so it versions
+    the page and a poll that matches costs one primary-key read."""
     session = await sessions_service.find_session(
         db, organization_id=organization_id, session_id=session_id
     )
     if session is None:
         raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
+    etag = f'W/"{session.last_sequence}-{limit}-{before_sequence or 0}-{int(include_internal)}"'
+    if if_none_match is not None and etag in (
+        t.strip() for t in if_none_match.split(",")
+    ):
+        return etag, None
     total = session.visible_message_count + (
         session.internal_message_count if include_internal else 0
     )
@@ -117,7 +125,7 @@ async def list_messages(
         if has_more:
             tail["next_before_sequence"] = page[0][0]
     tail["cursor"] = str(session.last_sequence)
-    return body + b"," + wire.dumps(tail)[1:]
+    return etag, body + b"," + wire.dumps(tail)[1:]
 
 
 async def get_message(
