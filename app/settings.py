@@ -68,6 +68,9 @@ class Settings(BaseSettings):
     sse_max_per_session: int = 50
     sse_max_per_process: int = 5000
     sse_queue_size: int = 1024
+    # A client that stops reading is dropped once one write waits this long; it resumes
+    # from its cursor when it reads again.
+    sse_send_timeout_seconds: float = 30.0
 
     # Turn runner.
     model_driver: Literal["scripted"] = "scripted"

@@ -35,6 +35,7 @@ def _response(state: AppState, frames: AsyncIterator[bytes]) -> EventSourceRespo
         ping_message_factory=lambda: ServerSentEvent(comment="heartbeat", sep="\n"),
         sep="\n",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        send_timeout=state.settings.sse_send_timeout_seconds,
     )
 
 
