@@ -186,14 +186,23 @@ class PgBus(Bus):
     async def publish(self, item: dict[str, Any]) -> None:
         payloads = split_payload(item)
         async with self._send_lock:
-            if self._sender is None or self._sender.is_closed():
-                self._sender = await asyncpg.connect(
-                    self._dsn, server_settings={"application_name": "evermirror-notify"}
-                )
-            for payload in payloads:
-                await self._sender.execute(
-                    "SELECT pg_notify($1, $2)", CHANNEL, payload.decode()
-                )
+            try:
+                if self._sender is None or self._sender.is_closed():
+                    self._sender = await asyncpg.connect(
+                        self._dsn,
+                        server_settings={"application_name": "evermirror-notify"},
+                    )
+                for payload in payloads:
+                    await self._sender.execute(
+                        "SELECT pg_notify($1, $2)", CHANNEL, payload.decode()
+                    )
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                # Live items are ephemeral: while PostgreSQL is unreachable they are
+                # dropped, and subscribers converge on the next committed snapshot.
+                log.warning("bus publish failed, item dropped: %s", exc)
+                if self._sender is not None and not self._sender.is_closed():
+                    self._sender.terminate()
+                self._sender = None
 
     @property
     def healthy(self) -> bool:
