@@ -47,7 +47,12 @@ ReadDb = Annotated[AsyncSession, Depends(read_db, scope="function")]
 
 def session_id_path(
     session_id: Annotated[
-        str, Path(description="Session ID (format: session_{32-hex})")
+        str,
+        Path(
+            description="Session ID (format: session_{32-hex})",
+            # Documented, not enforced here: parse_or_400 answers with upstream's texts.
+            json_schema_extra={"pattern": "^session_[0-9a-f]{32}$"},
+        ),
     ],
 ) -> uuid.UUID:
     return parse_or_400("session", "session", session_id)

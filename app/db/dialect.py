@@ -1,6 +1,7 @@
 """Dialect-specific helpers. Runner leases: one runner per session across processes."""
 
 import asyncio
+import contextlib
 import uuid
 
 import asyncpg
@@ -34,9 +35,6 @@ class Leases:
 
     async def release(self, session_id: uuid.UUID) -> None:
         self.held.discard(session_id)
-
-    async def is_free(self, session_id: uuid.UUID) -> bool:
-        return session_id not in self.held
 
 
 class PgLeases(Leases):
@@ -85,21 +83,13 @@ class PgLeases(Leases):
                 return
             self.held.discard(session_id)
             if self._conn is not None and not self._conn.is_closed():
-                await self._conn.fetchval(
-                    "SELECT pg_advisory_unlock($1)", lease_key(session_id)
-                )
-
-    async def is_free(self, session_id: uuid.UUID) -> bool:
-        """True when no process holds the session's lease (probing takes and drops it)."""
-        async with self._lock:
-            if session_id in self.held:
-                return False
-            conn = await self._connection()
-            key = lease_key(session_id)
-            if await conn.fetchval("SELECT pg_try_advisory_lock($1)", key):
-                await conn.fetchval("SELECT pg_advisory_unlock($1)", key)
-                return True
-            return False
+                # A dead connection has already dropped every lock it held.
+                with contextlib.suppress(
+                    OSError, asyncpg.PostgresError, asyncpg.InterfaceError
+                ):
+                    await self._conn.fetchval(
+                        "SELECT pg_advisory_unlock($1)", lease_key(session_id)
+                    )
 
 
 def create_leases(database_url: str) -> Leases:

@@ -26,12 +26,8 @@ class Database:
     hooks: CommitHooks | None = field(default=None)
 
     def __post_init__(self) -> None:
-        self._read = async_sessionmaker(
-            self.reader, expire_on_commit=False, autoflush=False
-        )
-        self._write = async_sessionmaker(
-            self.writer, expire_on_commit=False, autoflush=False
-        )
+        self._read = async_sessionmaker(self.reader, expire_on_commit=False)
+        self._write = async_sessionmaker(self.writer, expire_on_commit=False)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Database":

@@ -48,7 +48,11 @@ async def list_messages(
     state: StateDep,
     limit: Annotated[
         int | None,
-        Query(description="Page size; default 50, values above 200 are capped"),
+        Query(
+            description="Page size; default 50, values above 200 are capped",
+            # Documented here; the handler enforces it (400).
+            json_schema_extra={"minimum": 1},
+        ),
     ] = None,
     before_sequence: Annotated[
         int | None, Query(ge=1, description="Only messages with sequence < N")
@@ -88,7 +92,11 @@ async def list_messages(
 async def get_message(
     session_id: SessionId,
     message_id: Annotated[
-        str, Path(description="Message ID (format: message_{32-hex})")
+        str,
+        Path(
+            description="Message ID (format: message_{32-hex})",
+            json_schema_extra={"pattern": "^message_[0-9a-f]{32}$"},
+        ),
     ],
     db: ReadDb,
     org: OrgId,

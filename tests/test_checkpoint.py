@@ -1,0 +1,199 @@
+"""The checkpoint writer: every durable change is one transaction that bumps the revision,
+re-renders the snapshot and appends upstream events with dense sequences."""
+
+import uuid
+from typing import Any
+
+import orjson
+from sqlalchemy import select
+
+from app.db import models
+from app.db.session import Database
+from app.events.service import EventSpec
+from app.ids import DEFAULT_ORG_ID
+from app.messages import checkpoint
+from app.sessions import schemas as session_schemas, service as sessions_service
+from tests.conftest import Running
+
+
+def database(running: Running) -> Database:
+    db: Database = running.app.state.app.database
+    return db
+
+
+async def new_session(db_handle: Database) -> uuid.UUID:
+    async with db_handle.write() as db:
+        session = await sessions_service.create_session(
+            db, organization_id=DEFAULT_ORG_ID, data=session_schemas.SessionCreate()
+        )
+        return session.id
+
+
+async def events(db_handle: Database, session_id: uuid.UUID) -> list[tuple[int, str]]:
+    async with db_handle.read() as db:
+        rows = await db.execute(
+            select(models.Event.sequence, models.Event.type)
+            .where(models.Event.session_id == session_id)
+            .order_by(models.Event.sequence)
+        )
+        return [(r[0], r[1]) for r in rows]
+
+
+async def snapshot(db_handle: Database, message_id: uuid.UUID) -> dict[str, Any]:
+    async with db_handle.read() as db:
+        row = await db.get(models.Message, message_id)
+        assert row is not None
+        value: dict[str, Any] = orjson.loads(row.snapshot)
+        return value
+
+
+async def test_agent_message_lifecycle_bumps_revision_and_appends_events(
+    running: Running,
+) -> None:
+    handle = database(running)
+    sid = await new_session(handle)
+    turn = uuid.uuid4()
+    async with handle.write() as db:
+        session = await checkpoint.lock_session(db, sid)
+        assert session is not None
+        opened = await checkpoint.open_agent_message(db, session, turn_id=turn)
+        assert opened.message is not None
+        mid = opened.message.id
+    first = await snapshot(handle, mid)
+    assert (first["revision"], first["state"], first["content"]) == (1, "streaming", [])
+
+    async with handle.write() as db:
+        session = await checkpoint.lock_session(db, sid)
+        assert session is not None
+        message = await checkpoint.get_message_for_update(db, mid)
+        parts = [
+            {"type": "text", "text": "calling"},
+            {"type": "tool_call", "id": "c1", "name": "lookup", "arguments": {}},
+            {"type": "provider_opaque", "provider": "x", "content": {"k": 1}},
+        ]
+        await checkpoint.commit_step(db, session, message, step_id="s1", parts=parts)
+    step = await snapshot(handle, mid)
+    assert step["revision"] == 2
+    assert [p["type"] for p in step["content"]] == ["text", "tool_call"]
+    assert {p["step_id"] for p in step["content"]} == {"s1"}
+    assert [p["part_id"] for p in step["content"]] == [
+        "agent-text:1",
+        "agent-tool_call:2",
+    ]
+
+    interaction = {"interaction_id": "i1", "kind": "approval", "status": "approved"}
+    async with handle.write() as db:
+        session = await checkpoint.lock_session(db, sid)
+        assert session is not None
+        message = await checkpoint.get_message_for_update(db, mid)
+        await checkpoint.tool_transition(
+            db,
+            session,
+            message,
+            tool_call_id="c1",
+            status="running",
+            interaction=interaction,
+        )
+    running_snap = await snapshot(handle, mid)
+    tool = running_snap["content"][1]
+    assert (tool["part_id"], tool["status"]) == ("agent-tool_call:2", "running")
+    assert running_snap["content"][-1]["type"] == "interaction"
+
+    async with handle.write() as db:
+        session = await checkpoint.lock_session(db, sid)
+        assert session is not None
+        message = await checkpoint.get_message_for_update(db, mid)
+        await checkpoint.tool_transition(
+            db,
+            session,
+            message,
+            tool_call_id="c1",
+            status="completed",
+            result={"answer": 42},
+            interaction={**interaction, "status": "resolved"},
+        )
+        await checkpoint.close_message(
+            db, session, message, error=("stopped", "Stopped")
+        )
+    final = await snapshot(handle, mid)
+    types = [p["type"] for p in final["content"]]
+    assert types == ["text", "tool_call", "interaction", "tool_result", "error"]
+    assert final["content"][1]["status"] == "completed"
+    assert (
+        final["content"][2]["status"] == "resolved"
+    )  # updated in place, not duplicated
+    assert (final["revision"], final["state"]) == (5, "done")
+    # The hidden provider_opaque part keeps its position: sequences only increase.
+    assert [p["sequence"] for p in final["content"]] == [1, 2, 4, 5, 6]
+
+    log = await events(handle, sid)
+    assert [s for s, _ in log] == list(range(1, len(log) + 1))
+    assert [t for _, t in log] == [
+        "output.message.started",
+        "output.message.completed",
+        "tool.started",
+        "tool.completed",
+        "output.message.completed",
+    ]
+    async with handle.read() as db:
+        row = await db.get(models.Message, mid)
+        assert row is not None
+        # provider_opaque is kept for replay but never on the wire.
+        assert any(p["type"] == "provider_opaque" for p in row.content)
+        assert row.changed_sequence == log[-1][0]
+
+
+async def test_closed_message_refuses_further_checkpoints(running: Running) -> None:
+    handle = database(running)
+    sid = await new_session(handle)
+    async with handle.write() as db:
+        session = await checkpoint.lock_session(db, sid)
+        assert session is not None
+        opened = await checkpoint.open_agent_message(db, session, turn_id=uuid.uuid4())
+        assert opened.message is not None
+        await checkpoint.close_message(db, session, opened.message)
+        mid = opened.message.id
+    before = await events(handle, sid)
+    try:
+        async with handle.write() as db:
+            session = await checkpoint.lock_session(db, sid)
+            assert session is not None
+            message = await checkpoint.get_message_for_update(db, mid)
+            await checkpoint.commit_step(db, session, message, step_id="s", parts=[])
+    except checkpoint.CheckpointError:
+        pass
+    else:
+        raise AssertionError("a closed message accepted a step")
+    assert await events(handle, sid) == before
+
+
+async def test_action_joins_streaming_message_or_stands_alone(running: Running) -> None:
+    handle = database(running)
+    sid = await new_session(handle)
+    turn = uuid.uuid4()
+    changed = EventSpec("session.model.changed", {"model_id": "model_" + "1" * 32})
+    async with handle.write() as db:
+        session = await checkpoint.lock_session(db, sid)
+        assert session is not None
+        standalone = await checkpoint.append_action(
+            db, session, turn_id=turn, action="set_model", event=changed
+        )
+        opened = await checkpoint.open_agent_message(db, session, turn_id=turn)
+        joined = await checkpoint.append_action(
+            db, session, turn_id=turn, action="set_mode"
+        )
+    assert standalone.message is not None and opened.message is not None
+    assert joined.message is not None
+    alone = await snapshot(handle, standalone.message.id)
+    assert alone["state"] == "done"
+    assert [p["type"] for p in alone["content"]] == ["action"]
+    assert joined.message.id == opened.message.id
+    shared = await snapshot(handle, opened.message.id)
+    assert [p["action"] for p in shared["content"]] == ["set_mode"]
+    assert shared["state"] == "streaming"
+    log = await events(handle, sid)
+    assert [t for _, t in log][:2] == [
+        "session.model.changed",
+        "output.message.completed",
+    ]
+    assert alone["sequence"] == 2  # the sequence of the event that created it
