@@ -172,3 +172,30 @@ async def find_event_sequence(
         )
     )
     return sequence
+
+
+# How far before an ephemeral event's id a resume starts: covers durable events whose ids
+# were minted before the delta but committed after it, and clock skew across nodes.
+RESUME_MARGIN_MS = 2000
+
+
+async def resume_sequence(
+    db: AsyncSession, session_id: uuid.UUID, event_id: uuid.UUID
+) -> int | None:
+    """The sequence to resume after for a `since_id`. A durable event resumes right after
+    itself. Upstream's clients also send the id of the last event they saw when it was
+    a delta, which is never stored: event ids are UUIDv7 (time-ordered), so resume after
+    the last durable event minted at least RESUME_MARGIN_MS before it. A few events may
+    be sent again (harmless under upstream's client contract); none is skipped. None for
+    an id that is neither."""
+    sequence = await find_event_sequence(db, session_id, event_id)
+    if sequence is not None or event_id.version != 7:
+        return sequence
+    ms = max((event_id.int >> 80) - RESUME_MARGIN_MS, 0)
+    floor = uuid.UUID(int=ms << 80)
+    before: int | None = await db.scalar(
+        select(func.max(models.Event.sequence)).where(
+            models.Event.session_id == session_id, models.Event.id < floor
+        )
+    )
+    return before or 0
