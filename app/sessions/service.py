@@ -63,7 +63,9 @@ def session_wire(session: models.Session, base_url: str) -> dict[str, Any]:
     if session.finished_at is not None:
         body["finished_at"] = wire.timestamp(session.finished_at)
     body["self_url"] = f"{base_url}/v1/sessions/{sid}"
-    body["view_url"] = body["ui_link"] = f"{base_url}/sessions/{sid}/chat"
+    # The UI is not under the API's `/api` mount (upstream: `.../sessions/<id>/chat`).
+    ui_root = base_url.removesuffix("/api")
+    body["view_url"] = body["ui_link"] = f"{ui_root}/sessions/{sid}/chat"
     return body
 
 

@@ -1,0 +1,136 @@
+"""The official Python client (`everruns_sdk`) against a real server process, with the
+SDK's own base URL shape (`.../api`) and a bare API key (open mode accepts any)."""
+
+import asyncio
+import time
+import warnings
+from collections.abc import AsyncIterator
+
+import pytest
+from everruns_sdk import Everruns
+from everruns_sdk.errors import NotFoundError
+
+from tests.conftest import Server
+
+
+@pytest.fixture
+async def sdk(server: Server) -> AsyncIterator[Everruns]:
+    client = Everruns(
+        api_key="evm_any_key_in_open_mode",
+        base_url=f"{server.url}/api",
+        org_id="org_00000000000000000000000000000001",
+    )
+    # The management client warns (once per process) that agents should be called
+    # through AgentClient; that is upstream's advice, not a failure here.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield client
+    await client.close()
+
+
+async def settle(sdk: Everruns, session_id: str) -> None:
+    deadline = time.monotonic() + 30
+    while (await sdk.sessions.get(session_id)).status != "idle":
+        assert time.monotonic() < deadline, "the turn did not finish"
+        await asyncio.sleep(0.05)
+
+
+async def test_sessions_create_get_list_delete(sdk: Everruns) -> None:
+    created = await sdk.sessions.create(
+        title="sdk session", tags=["sdk", "e2e"], locale="uk-UA"
+    )
+    assert created.id.startswith("session_") and len(created.id) == 8 + 32
+    assert created.status == "started"
+    assert created.title == "sdk session"
+    assert created.tags == ["sdk", "e2e"]
+    assert created.locale == "uk-UA"
+    assert created.organization_id == "org_00000000000000000000000000000001"
+    assert created.harness_id.startswith("harness_")
+
+    fetched = await sdk.sessions.get(created.id)
+    assert fetched.model_dump() == created.model_dump()
+
+    other = await sdk.sessions.create(title="another one")
+    listed = await sdk.sessions.list()
+    assert [s.id for s in listed] == [other.id, created.id]  # newest first
+    searched = await sdk.sessions.list(search="sdk")
+    assert [s.id for s in searched] == [created.id]
+
+    await sdk.sessions.cancel(created.id)  # nothing runs: a no-op, not an error
+    await sdk.sessions.delete(created.id)
+    with pytest.raises(NotFoundError) as missing:
+        await sdk.sessions.get(created.id)
+    assert missing.value.status_code == 404
+    with pytest.raises(NotFoundError):
+        await sdk.sessions.delete(created.id)
+    assert [s.id for s in await sdk.sessions.list()] == [other.id]
+
+
+async def test_messages_and_events(sdk: Everruns) -> None:
+    session = await sdk.sessions.create(title="sdk messages")
+    sent = await sdk.messages.create(session.id, "hello from the sdk")
+    assert sent.id.startswith("message_")
+    assert sent.role == "user"
+    assert [(p.type, p.text) for p in sent.content] == [("text", "hello from the sdk")]
+    await settle(sdk, session.id)
+
+    listed = await sdk.messages.list(session.id)
+    assert [m.role for m in listed] == ["user", "agent"]
+    assert listed[0].id == sent.id
+    reply = listed[1]
+    assert reply.phase == "final_answer"
+    assert "".join(p.text or "" for p in reply.content) == "hello from the sdk"
+
+    events = await sdk.events.list(session.id)
+    assert [e.sequence for e in events] == list(range(1, len(events) + 1))
+    assert all(e.session_id == session.id for e in events)
+    types = [e.type for e in events]
+    assert types[:4] == [
+        "input.message",
+        "session.activated",
+        "turn.started",
+        "output.message.started",
+    ]
+    assert types[-2:] == ["turn.completed", "session.idled"]
+    assert events[0].context.input_message_id == sent.id
+    turn_id = events[0].context.turn_id
+    assert turn_id is not None and turn_id.startswith("turn_")
+    assert all(e.context.turn_id == turn_id for e in events)
+
+    inputs = await sdk.events.list(session.id, types=["input.message"])
+    assert [e.data["message"]["id"] for e in inputs] == [sent.id]
+    last_two = await sdk.events.list(session.id, limit=2)
+    assert [e.id for e in last_two] == [e.id for e in events[-2:]]
+    after = await sdk.events.list(session.id, after_sequence=len(events) - 3)
+    assert [e.id for e in after] == [e.id for e in events[-3:]]
+    since = await sdk.events.list(session.id, since_id=events[-2].id)
+    assert [e.id for e in since] == [events[-1].id]
+    older = await sdk.events.list(session.id, before_sequence=3)
+    assert [e.type for e in older] == ["input.message", "session.activated"]
+    no_inputs = await sdk.events.list(session.id, exclude=["input.message"])
+    assert len(no_inputs) == len(events) - 1
+
+
+async def test_tool_parts_parse_in_the_sdk(sdk: Everruns) -> None:
+    session = await sdk.sessions.create()
+    await sdk.messages.create(session.id, "/scenario tool weather in Kyiv")
+    await settle(sdk, session.id)
+    listed = await sdk.messages.list(session.id)
+    assert [m.role for m in listed] == ["user", "agent"]
+    parts = listed[1].content
+    calls = [p.as_tool_call() for p in parts if p.is_tool_call()]
+    assert len(calls) == 1 and calls[0] is not None
+    assert calls[0].name == "lookup"
+    assert calls[0].arguments == {"query": "weather in Kyiv"}
+    results = [p for p in parts if p.type == "tool_result"]
+    assert [r.tool_call_id for r in results] == [calls[0].id]
+    assert results[0].result == {"query": "weather in Kyiv", "answer": 42}
+    events = await sdk.events.list(session.id, types=["tool.started", "tool.completed"])
+    assert [e.type for e in events] == ["tool.started", "tool.completed"]
+    assert events[0].data["tool_call"]["name"] == "lookup"
+    assert events[1].data["tool_call_id"] == calls[0].id
+    assert events[1].data["success"] is True
+    # The SDK's helper finds the call in the step's `output.message.completed`.
+    completed = await sdk.events.list(session.id, types=["output.message.completed"])
+    found = [c for e in completed for c in e.tool_calls()]
+    assert {(c.id, c.name) for c in found} == {(calls[0].id, "lookup")}
