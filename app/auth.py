@@ -76,6 +76,12 @@ async def list_keys(db: AsyncSession) -> list[models.ApiKey]:
     )
 
 
+async def keys_exist(db: AsyncSession) -> bool:
+    """Whether any key was ever created. Revoked keys count: revoking the last key must
+    not reopen a service that was locked down."""
+    return await db.scalar(select(models.ApiKey.id).limit(1)) is not None
+
+
 def credential_from_header(authorization: str | None) -> str | None:
     """`Authorization: Bearer <key>`, or the bare key as the official Python SDK sends it."""
     if not authorization:
@@ -98,12 +104,7 @@ class KeyResolver:
         now = time.monotonic()
         if now >= self._open_until:
             async with self.database.read() as db:
-                any_key = await db.scalar(
-                    select(models.ApiKey.id)
-                    .where(models.ApiKey.revoked_at.is_(None))
-                    .limit(1)
-                )
-            self._is_open = any_key is None
+                self._is_open = not await keys_exist(db)
             self._open_until = now + self.ttl_seconds
         return self._is_open
 

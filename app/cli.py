@@ -30,22 +30,13 @@ def is_loopback(host: str) -> bool:
 
 
 async def _has_keys(settings: Settings) -> bool:
-    from sqlalchemy import select
-
-    from app.db import models
+    from app.auth import keys_exist
     from app.db.session import Database
 
     database = Database.from_settings(settings)
     try:
         async with database.read() as db:
-            return (
-                await db.scalar(
-                    select(models.ApiKey.id)
-                    .where(models.ApiKey.revoked_at.is_(None))
-                    .limit(1)
-                )
-                is not None
-            )
+            return await keys_exist(db)
     finally:
         await database.dispose()
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("app.errors")
@@ -153,6 +154,8 @@ async def _app_error(request: Request, exc: Exception) -> Response:
         title=exc.title,
         instance=request.url.path,
         retry_after_seconds=exc.retry_after_seconds,
+        # RFC 9110: a 401 names the scheme the client should use.
+        headers={"WWW-Authenticate": "Bearer"} if exc.status == 401 else None,
     )
 
 
@@ -179,6 +182,26 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     )
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path (GET /sessions and POST /sessions
+    are two routes), found by asking the routes to match a probe of each method."""
+    allowed = []
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+        probe: Scope = {
+            "type": "http",
+            "method": method,
+            "path": request.scope["path"],
+            "root_path": request.scope.get("root_path", ""),
+            "headers": [],
+            "query_string": b"",
+        }
+        if any(
+            route.matches(probe)[0] is Match.FULL for route in request.app.router.routes
+        ):
+            allowed.append(method)
+    return ", ".join(allowed)
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     headers = dict(exc.headers) if exc.headers else None
@@ -187,6 +210,10 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         detail = f"No route for {request.method} {request.url.path}"
     elif exc.status_code == 405:
         detail = f"Method {request.method} is not allowed on {request.url.path}"
+        # Starlette's Allow names the first matching route's methods only.
+        allowed = _allowed_methods(request)
+        if allowed:
+            headers = {**(headers or {}), "Allow": allowed}
     return problem_response(
         exc.status_code, detail=detail, instance=request.url.path, headers=headers
     )
@@ -266,8 +293,32 @@ class RequestContextMiddleware:
             await response(scope, receive, send_with_id)
 
 
+# Every route can also answer these: the rate limiter (429), an unexpected failure (500)
+# and a database that is unavailable (503, with Retry-After).
+ALWAYS_PROBLEMS = (429, 500, 503)
+# A POST or PATCH also meets the body guard: too large (413), not JSON (415).
+BODY_PROBLEMS = (413, 415)
+
+
+def drop_framework_422(schema: dict[str, Any]) -> dict[str, Any]:
+    """FastAPI documents `422 HTTPValidationError` (application/json) on every route with
+    parameters. This API never sends that shape: bad parameters are 400 and invalid
+    bodies 422, both problem+json, as each route's `problem_responses` says."""
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            responses = operation.get("responses", {})
+            content = responses.get("422", {}).get("content", {})
+            if PROBLEM_JSON not in content:
+                responses.pop("422", None)
+    components = schema.get("components", {}).get("schemas", {})
+    components.pop("HTTPValidationError", None)
+    components.pop("ValidationError", None)
+    return schema
+
+
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses=` for the problem+json errors a route can return."""
+    """OpenAPI `responses=` for the problem+json errors a route can return, with the
+    ones every route can (ALWAYS_PROBLEMS)."""
     return {
         status: {
             "model": ProblemDetails,
@@ -278,5 +329,5 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
                 }
             },
         }
-        for status in statuses
+        for status in sorted({*statuses, *ALWAYS_PROBLEMS})
     }

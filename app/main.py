@@ -4,6 +4,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
@@ -13,7 +14,11 @@ from app import __doc__ as app_doc
 from app.auth import KeyResolver
 from app.db.migrate import upgrade
 from app.db.session import Database
-from app.errors import RequestContextMiddleware, install_error_handlers
+from app.errors import (
+    RequestContextMiddleware,
+    drop_framework_422,
+    install_error_handlers,
+)
 from app.events.router import router as events_router
 from app.guards import BodyGuardMiddleware, RateLimitMiddleware
 from app.live.bus import create_bus
@@ -112,6 +117,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api_router(), prefix="/v1")
     # Upstream's base URL (and the official SDK's) ends in /api: same routes, same names.
     app.include_router(api_router(), prefix="/api/v1", include_in_schema=False)
+
+    framework_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = drop_framework_422(framework_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/health", tags=["health"])
     async def health() -> dict[str, str]:

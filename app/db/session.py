@@ -57,12 +57,11 @@ class Database:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:
-        """A read-only unit of work (one snapshot on SQLite, ended with a rollback)."""
+        """A read-only unit of work (one snapshot on SQLite). Closing it ends the
+        transaction and detaches loaded objects without expiring them, so values read
+        inside stay readable after it."""
         async with self._read() as db:
-            try:
-                yield db
-            finally:
-                await db.rollback()
+            yield db
 
     async def dispose(self) -> None:
         await self.reader.dispose()

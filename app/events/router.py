@@ -10,6 +10,7 @@ from app.errors import InvalidRequest, problem_responses
 from app.events import schemas, service
 from app.events.types import MAX_TYPE_FILTERS, VALID_EVENT_TYPES
 from app.ids import parse_or_400
+from app.schemas import MAX_INT32
 from app.sessions import service as sessions_service
 
 router = APIRouter(tags=["events"])
@@ -27,6 +28,23 @@ def validate_types(name: str, values: list[str] | None) -> tuple[str, ...]:
     return tuple(values)
 
 
+# The documented shapes of the cursor and filter parameters. The handlers enforce them
+# with upstream's texts, so FastAPI is not asked to validate them itself.
+EVENT_ID_SCHEMA = {
+    "anyOf": [{"type": "string", "pattern": "^event_[0-9a-f]{32}$"}, {"type": "null"}]
+}
+TYPE_FILTER_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "array",
+            "items": {"type": "string", "enum": sorted(VALID_EVENT_TYPES)},
+            "maxItems": MAX_TYPE_FILTERS,
+        },
+        {"type": "null"},
+    ]
+}
+
+
 @router.get(
     "/sessions/{session_id}/events",
     response_model=schemas.EventList,
@@ -37,12 +55,20 @@ async def list_events(
     db: ReadDb,
     org: OrgId,
     since_id: Annotated[
-        str | None, Query(description="Only events after this event ID")
+        str | None,
+        Query(
+            description="Only events after this event ID",
+            json_schema_extra=EVENT_ID_SCHEMA,
+        ),
     ] = None,
-    after_sequence: Annotated[int | None, Query(ge=0)] = None,
-    before_sequence: Annotated[int | None, Query(ge=1)] = None,
-    types: Annotated[list[str] | None, Query()] = None,
-    exclude: Annotated[list[str] | None, Query()] = None,
+    after_sequence: Annotated[int | None, Query(ge=0, le=MAX_INT32)] = None,
+    before_sequence: Annotated[int | None, Query(ge=1, le=MAX_INT32)] = None,
+    types: Annotated[
+        list[str] | None, Query(json_schema_extra=TYPE_FILTER_SCHEMA)
+    ] = None,
+    exclude: Annotated[
+        list[str] | None, Query(json_schema_extra=TYPE_FILTER_SCHEMA)
+    ] = None,
     limit: Annotated[
         int | None,
         Query(ge=1, le=1000, description="Return the last N matching events"),
@@ -57,7 +83,7 @@ async def list_events(
     await sessions_service.get_session(db, organization_id=org, session_id=session_id)
     if since_id is not None:
         event_id = parse_or_400("event", "event", since_id)
-        after_sequence = await service.find_event_sequence(db, session_id, event_id)
+        after_sequence = await service.resume_sequence(db, session_id, event_id)
         if after_sequence is None:
             raise InvalidRequest(f"since_id: no event {since_id} in this session")
     flt = service.EventFilter(

@@ -2,30 +2,131 @@
 and look up before streaming, then hand off to generators that own their resources."""
 
 import uuid
-from collections.abc import AsyncIterator
-from typing import Annotated
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from app.deps import OrgId, SessionId, StateDep
 from app.errors import InvalidRequest, problem_responses
-from app.events.router import validate_types
-from app.events.service import find_event_sequence
+from app.events.router import EVENT_ID_SCHEMA, TYPE_FILTER_SCHEMA, validate_types
+from app.events.service import resume_sequence
+from app.events.types import VALID_EVENT_TYPES
 from app.ids import parse_or_400
 from app.live.streams import StreamConfig, message_mutations, upstream_events
+from app.schemas import MAX_INT32
 from app.sessions import service as sessions_service
 from app.state import AppState
 
 router = APIRouter(tags=["streams"])
 
-SSE_RESPONSES = {
-    200: {
-        "description": "A text/event-stream of frames",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
-    },
-    **problem_responses(400, 401, 404, 429),
-}
+
+def _json_data(schema: dict[str, Any]) -> dict[str, Any]:
+    """A frame's `data:` line: a JSON document of this schema."""
+    return {
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": schema,
+    }
+
+
+def _frame(
+    event: dict[str, Any], data: dict[str, Any], event_id: dict[str, Any] | None
+) -> dict[str, Any]:
+    properties = {
+        "event": event,
+        "data": _json_data(data),
+        "retry": {"type": "integer"},
+    }
+    if event_id is not None:
+        properties["id"] = event_id
+    return {
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": properties,
+        "additionalProperties": False,
+    }
+
+
+def _sse_responses(
+    description: str, frames: list[dict[str, Any]]
+) -> dict[int | str, Any]:
+    """OpenAPI 3.1 has no item schema for streams: by convention (schemathesis, Swagger)
+    `schema` of text/event-stream describes one frame as {event, data, id?, retry?}.
+    Comments (heartbeats, pings) are not frames."""
+    return {
+        200: {
+            "description": description,
+            "content": {"text/event-stream": {"schema": {"oneOf": frames}}},
+        },
+        **problem_responses(400, 401, 404, 429),
+    }
+
+
+def _object(required: list[str], **properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "required": required, "properties": properties}
+
+
+EVENT_REF = {"$ref": "#/components/schemas/Event"}
+MESSAGE_REF = {"$ref": "#/components/schemas/Message"}
+INT = {"type": "integer"}
+STR = {"type": "string"}
+UPSTREAM_SSE_RESPONSES = _sse_responses(
+    "Upstream's event stream: `connected`, durable events (with `id:`), live deltas, "
+    "`disconnecting` before a periodic close; `: heartbeat` comments",
+    [
+        _frame(
+            {"const": "connected"},
+            _object(["status"], status={"const": "connected"}),
+            None,
+        ),
+        _frame(
+            {"const": "disconnecting"},
+            _object(["reason", "retry_ms"], reason=STR, retry_ms=INT),
+            None,
+        ),
+        _frame(
+            {"type": "string", "enum": sorted(VALID_EVENT_TYPES)},
+            EVENT_REF,
+            {"type": "string", "pattern": "^event_[0-9a-f]{32}$"},
+        ),
+    ],
+)
+MUTATION_SSE_RESPONSES = _sse_responses(
+    "The Mutation stream: `message` snapshots (`id:` = cursor), `part` and `delta` of "
+    "the live projection, `reset`; `: ping` comments",
+    [
+        _frame(
+            {"const": "message"},
+            _object(["message"], message=MESSAGE_REF),
+            {"type": "string", "pattern": "^[0-9]+$"},
+        ),
+        _frame(
+            {"const": "part"},
+            _object(
+                ["message_id", "revision", "part"],
+                message_id=STR,
+                revision=INT,
+                part=_object(["part_id", "type"], part_id=STR, type=STR),
+            ),
+            None,
+        ),
+        _frame(
+            {"const": "delta"},
+            _object(
+                ["message_id", "revision", "part_id", "offset", "text"],
+                message_id=STR,
+                revision=INT,
+                part_id=STR,
+                offset=INT,
+                text=STR,
+            ),
+            None,
+        ),
+        _frame({"const": "reset"}, _object(["reason"], reason=STR), None),
+    ],
+)
 
 
 def _response(state: AppState, frames: AsyncIterator[bytes]) -> EventSourceResponse:
@@ -37,6 +138,25 @@ def _response(state: AppState, frames: AsyncIterator[bytes]) -> EventSourceRespo
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         send_timeout=state.settings.sse_send_timeout_seconds,
     )
+
+
+# A Mutation stream cursor: the session event sequence as a string; empty is no cursor.
+CURSOR_SCHEMA = {"anyOf": [{"type": "string", "pattern": "^[0-9]*$"}, {"type": "null"}]}
+
+
+def _header_schema(pattern: str) -> Callable[[dict[str, Any]], None]:
+    """A header is a string or absent, never JSON null: no `anyOf` with null."""
+
+    def update(schema: dict[str, Any]) -> None:
+        schema.pop("anyOf", None)
+        schema.update(type="string", pattern=pattern)
+
+    return update
+
+
+# An EventSource resends the last `id:` it saw; empty is no cursor.
+LAST_EVENT_ID_SCHEMA = _header_schema("^(event_[0-9a-f]{32})?$")
+CURSOR_HEADER_SCHEMA = _header_schema("^[0-9]*$")
 
 
 def _sequence(text: str, name: str) -> int:
@@ -57,19 +177,27 @@ async def _check_session(
 @router.get(
     "/sessions/{session_id}/sse",
     response_class=EventSourceResponse,
-    responses=SSE_RESPONSES,
+    responses=UPSTREAM_SSE_RESPONSES,
 )
 async def stream_sse(
     session_id: SessionId,
     state: StateDep,
     org: OrgId,
-    since_id: Annotated[str | None, Query()] = None,
+    since_id: Annotated[str | None, Query(json_schema_extra=EVENT_ID_SCHEMA)] = None,
     after_sequence: Annotated[
-        int | None, Query(ge=0, description="0 replays the whole session")
+        int | None,
+        Query(ge=0, le=MAX_INT32, description="0 replays the whole session"),
     ] = None,
-    types: Annotated[list[str] | None, Query()] = None,
-    exclude: Annotated[list[str] | None, Query()] = None,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    types: Annotated[
+        list[str] | None, Query(json_schema_extra=TYPE_FILTER_SCHEMA)
+    ] = None,
+    exclude: Annotated[
+        list[str] | None, Query(json_schema_extra=TYPE_FILTER_SCHEMA)
+    ] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(alias="Last-Event-ID", json_schema_extra=LAST_EVENT_ID_SCHEMA),
+    ] = None,
 ) -> EventSourceResponse:
     """Upstream's event stream: `connected`, then durable events after the cursor
     (`since_id`, `after_sequence` or the `Last-Event-ID` header), then live events
@@ -80,15 +208,18 @@ async def stream_sse(
     if since_id is not None and after_sequence is not None:
         raise InvalidRequest("since_id and after_sequence are mutually exclusive")
     event_cursor = since_id
-    if event_cursor is None and after_sequence is None and last_event_id:
-        event_cursor = last_event_id
+    if last_event_id:
+        # Parsed even when a query cursor wins: a malformed header is a bad request.
+        parse_or_400("event", "event", last_event_id)
+        if event_cursor is None and after_sequence is None:
+            event_cursor = last_event_id
     if event_cursor is not None:
         event_uuid = parse_or_400("event", "event", event_cursor)
     await _check_session(state, org, session_id)
     cursor = after_sequence
     if event_cursor is not None:
         async with state.database.read() as db:
-            cursor = await find_event_sequence(db, session_id, event_uuid)
+            cursor = await resume_sequence(db, session_id, event_uuid)
         if cursor is None:
             raise InvalidRequest(f"since_id: no event {event_cursor} in this session")
 
@@ -117,22 +248,34 @@ async def stream_sse(
 @router.get(
     "/sessions/{session_id}/messages/stream",
     response_class=EventSourceResponse,
-    responses=SSE_RESPONSES,
+    responses=MUTATION_SSE_RESPONSES,
 )
 async def stream_messages(
     session_id: SessionId,
     state: StateDep,
     org: OrgId,
-    after: Annotated[str | None, Query(description="Resume after this cursor")] = None,
+    after: Annotated[
+        str | None,
+        Query(
+            description="Resume after this cursor",
+            json_schema_extra=CURSOR_SCHEMA,
+        ),
+    ] = None,
     include_internal: bool = False,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(alias="Last-Event-ID", json_schema_extra=CURSOR_HEADER_SCHEMA),
+    ] = None,
 ) -> EventSourceResponse:
     """The Mutation stream: `message` (complete snapshot, `id:` = cursor), `part` and
     `delta` (the live projection), `reset` (reload snapshots). On connect it replays the
     latest snapshot of every message changed after the cursor, then the live parts of
     messages still streaming."""
-    cursor_text = after if after is not None else last_event_id
-    cursor = _sequence(cursor_text, "after") if cursor_text else None
+    header = _sequence(last_event_id, "Last-Event-ID") if last_event_id else None
+    if after is not None:
+        cursor = _sequence(after, "after") if after else None
+    else:
+        cursor = header
     await _check_session(state, org, session_id)
     slot = state.limits.acquire(session_id)
     return _response(

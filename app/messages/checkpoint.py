@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app import wire
 from app.db import models
 from app.db.types import utcnow
 from app.events.service import EventSpec, add_events, allocate_sequences
@@ -163,7 +164,7 @@ async def append_user_message(
         specs.append(
             EventSpec(
                 "turn.started",
-                {**ids, "input_content": text or None},
+                {**ids, "input_content": text} if text else dict(ids),
                 turn_id=turn_id,
                 input_message_id=message_id,
             )
@@ -360,11 +361,13 @@ async def tool_transition(
         data: dict[str, Any] = {
             "tool_call_id": tool_call_id,
             "tool_name": part["name"],
-            "status": status,
+            # Upstream's ToolCompleted: status "success"|"error", result as content parts.
+            "status": "success" if status == "completed" else "error",
             "success": status == "completed",
         }
         if result is not None:
-            data["result"] = result if isinstance(result, list) else [result]
+            text = result if isinstance(result, str) else wire.dumps(result).decode()
+            data["result"] = [{"type": "text", "text": text}]
         if error is not None:
             data["error"] = error
         if duration_ms is not None:

@@ -6,9 +6,10 @@ from fastapi import APIRouter, Header, Path, Query, Response
 
 from app import guards, wire
 from app.deps import OrgId, ReadDb, SessionId, StateDep, WriteDb
-from app.errors import InvalidRequest, problem_responses
+from app.errors import BODY_PROBLEMS, InvalidRequest, problem_responses
 from app.ids import parse_or_400
 from app.messages import schemas, service
+from app.schemas import MAX_INT32
 
 router = APIRouter(tags=["messages"])
 
@@ -17,7 +18,7 @@ router = APIRouter(tags=["messages"])
     "/sessions/{session_id}/messages",
     status_code=201,
     response_model=schemas.Message,
-    responses=problem_responses(400, 401, 404, 422),
+    responses=problem_responses(400, 401, 404, 422, *BODY_PROBLEMS),
 )
 async def create_message(
     session_id: SessionId,
@@ -39,7 +40,11 @@ async def create_message(
 @router.get(
     "/sessions/{session_id}/messages",
     response_model=schemas.MessagePage,
-    responses=problem_responses(400, 401, 404),
+    responses={
+        200: {"headers": {"ETag": {"schema": {"type": "string"}}}},
+        304: {"description": "Not Modified: `If-None-Match` names the current ETag"},
+        **problem_responses(400, 401, 404),
+    },
 )
 async def list_messages(
     session_id: SessionId,
@@ -55,7 +60,8 @@ async def list_messages(
         ),
     ] = None,
     before_sequence: Annotated[
-        int | None, Query(ge=1, description="Only messages with sequence < N")
+        int | None,
+        Query(ge=1, le=MAX_INT32, description="Only messages with sequence < N"),
     ] = None,
     include_internal: Annotated[
         bool, Query(description="Include visibility=internal messages")

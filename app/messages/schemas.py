@@ -52,7 +52,8 @@ InputPart = Annotated[
 
 
 class InputMessage(InputSchema):
-    role: Literal["user"] = "user"
+    # Any role is parsed so that a non-user role gets upstream's 400, not a 422.
+    role: str = "user"
     content: list[InputPart] = Field(min_length=1)
     # Beyond upstream: the seed's visibility; `internal` messages are hidden from lists
     # unless `include_internal=true`.

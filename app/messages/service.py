@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import wire
 from app.db import models
-from app.errors import MessageNotFound, SessionNotFound
+from app.errors import InvalidRequest, MessageNotFound, SessionNotFound
 from app.ids import format_id
 from app.messages import checkpoint, schemas
 from app.sessions import service as sessions_service
@@ -27,6 +27,8 @@ async def create_message(
     Under the session row lock: a repeated `client_message_id` returns the stored message
     as `duplicate` and writes nothing; otherwise the message starts a turn on an idle
     session (`started`) or joins the running one (`steered`)."""
+    if data.message.role != "user":
+        raise InvalidRequest("Only user messages can be created through this endpoint")
     session = await checkpoint.lock_session(db, session_id)
     if session is None or session.organization_id != organization_id:
         raise SessionNotFound(f"Session {format_id('session', session_id)} not found")

@@ -1,24 +1,43 @@
 """Session routes: HTTP only; the service does the work."""
 
+import re
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Body, Query, Response
+from pydantic import BeforeValidator
 
 from app import guards, wire
 from app.deps import BaseUrl, OrgId, ReadDb, SessionId, StateDep, WriteDb
-from app.errors import InvalidRequest, problem_responses
+from app.errors import BODY_PROBLEMS, InvalidRequest, problem_responses
+from app.schemas import MAX_INT32
 from app.sessions import schemas, service
 
 router = APIRouter(tags=["sessions"])
+
+RFC3339_PREFIX = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
+
+
+def _rfc3339_only(value: Any) -> Any:
+    """Pydantic would read `0.5` or `1700000000` as a Unix time: only RFC 3339 here."""
+    if isinstance(value, str) and not RFC3339_PREFIX.match(value):
+        raise ValueError("expected an RFC 3339 timestamp")
+    return value
+
+
+Timestamp = Annotated[datetime | None, BeforeValidator(_rfc3339_only)]
+
+# What `status` accepts: known values, comma-separated; blanks around them are ignored.
+_STATUS = rf"\s*({'|'.join(service.STATUS_FILTERS)})?\s*"
+STATUS_LIST_PATTERN = rf"^{_STATUS}(,{_STATUS})*$"
 
 
 @router.post(
     "/sessions",
     status_code=201,
     response_model=schemas.Session,
-    responses=problem_responses(400, 401, 422),
+    responses=problem_responses(400, 401, 422, *BODY_PROBLEMS),
 )
 async def create_session(
     db: WriteDb,
@@ -46,15 +65,27 @@ async def list_sessions(
     db: ReadDb,
     org: OrgId,
     base: BaseUrl,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT32)] = 0,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    search: Annotated[str | None, Query(max_length=200)] = None,
-    status: Annotated[str | None, Query(description="Comma-separated statuses")] = None,
-    created_after: datetime | None = None,
-    created_before: datetime | None = None,
+    search: Annotated[
+        str | None,
+        # No U+0000: PostgreSQL text cannot hold it (a 400 below, on every backend).
+        Query(max_length=200, json_schema_extra={"pattern": "^[^\\u0000]*$"}),
+    ] = None,
+    status: Annotated[
+        str | None,
+        Query(
+            description="Comma-separated statuses",
+            json_schema_extra={"pattern": STATUS_LIST_PATTERN},
+        ),
+    ] = None,
+    created_after: Timestamp = None,
+    created_before: Timestamp = None,
     order: Literal["created_at", "last_activity"] = "created_at",
 ) -> Response:
     """List the organization's sessions, newest first, with offset pagination."""
+    if search is not None and "\x00" in search:
+        raise InvalidRequest("search: must not contain NUL (U+0000)")
     statuses: list[str] = []
     for value in (status or "").split(","):
         if value.strip():
@@ -112,7 +143,7 @@ async def get_session(
 @router.patch(
     "/sessions/{session_id}",
     response_model=schemas.Session,
-    responses=problem_responses(400, 401, 404, 422),
+    responses=problem_responses(400, 401, 404, 422, *BODY_PROBLEMS),
 )
 async def update_session(
     session_id: SessionId,
@@ -144,7 +175,7 @@ async def delete_session(session_id: SessionId, db: WriteDb, org: OrgId) -> Resp
 @router.post(
     "/sessions/{session_id}/cancel",
     response_model=schemas.CancelTurnResponse,
-    responses=problem_responses(400, 401, 404),
+    responses=problem_responses(400, 401, 404, *BODY_PROBLEMS),
 )
 async def cancel_turn(
     session_id: SessionId, db: WriteDb, org: OrgId
