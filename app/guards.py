@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.auth import credential_from_header
 from app.errors import Unprocessable, problem_response
 from app.settings import Settings
 
@@ -135,7 +136,9 @@ class RateLimitMiddleware:
         if scope["type"] != "http" or self.rate <= 0 or scope.get("path") == "/health":
             await self.app(scope, receive, send)
             return
-        credential = _header(scope, b"authorization")
+        # The key itself, however the header spells it (`Bearer <key>` or bare), so one
+        # key is one bucket.
+        credential = credential_from_header(_header(scope, b"authorization"))
         if credential:
             key = "key:" + hashlib.sha256(credential.encode()).hexdigest()
         else:
@@ -156,13 +159,17 @@ class RateLimitMiddleware:
 
 
 def _depth(value: Any, limit: int, level: int = 1) -> int:
+    """How many containers deep `value` nests: a scalar adds no level, so `{}` and
+    `{"a": 1}` are both 1. Stops counting past `limit`."""
+    if isinstance(value, dict):
+        children: Any = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return level - 1
     if level > limit:
         return level
-    if isinstance(value, dict):
-        return max((_depth(v, limit, level + 1) for v in value.values()), default=level)
-    if isinstance(value, list):
-        return max((_depth(v, limit, level + 1) for v in value), default=level)
-    return level
+    return max((_depth(v, limit, level + 1) for v in children), default=level)
 
 
 def check_json_field(name: str, value: Any, settings: Settings) -> None:

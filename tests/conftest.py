@@ -3,6 +3,7 @@ TEST_DATABASE_URL is set. Schemas come from the migrations we ship."""
 
 import asyncio
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -121,10 +122,17 @@ async def client(running: Running) -> httpx.AsyncClient:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A bindable port picked at random from a wide range: the kernel's ephemeral
+    assignment is sequential, so concurrent runs asking it would often collide."""
+    for _ in range(100):
+        port = random.randint(20_000, 60_000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port")
 
 
 @dataclass

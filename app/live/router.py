@@ -31,30 +31,28 @@ def _json_data(schema: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _frame(
-    event: dict[str, Any], data: dict[str, Any], event_id: dict[str, Any] | None
-) -> dict[str, Any]:
-    properties = {
-        "event": event,
-        "data": _json_data(data),
-        "retry": {"type": "integer"},
-    }
-    if event_id is not None:
-        properties["id"] = event_id
+def _frame(event: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
     return {
         "type": "object",
         "required": ["event", "data"],
-        "properties": properties,
+        "properties": {
+            "event": event,
+            "data": _json_data(data),
+            "retry": {"type": "integer"},
+        },
         "additionalProperties": False,
     }
 
 
 def _sse_responses(
-    description: str, frames: list[dict[str, Any]]
+    description: str, frames: list[dict[str, Any]], last_event_id: dict[str, Any]
 ) -> dict[int | str, Any]:
     """OpenAPI 3.1 has no item schema for streams: by convention (schemathesis, Swagger)
-    `schema` of text/event-stream describes one frame as {event, data, id?, retry?}.
-    Comments (heartbeats, pings) are not frames."""
+    `schema` of text/event-stream describes one event as {event, data, id?, retry?}.
+    `id` is the last event ID, which a frame without `id:` keeps (the SSE spec), so it
+    may appear on any event. Comments (heartbeats, pings) are not events."""
+    for frame in frames:
+        frame["properties"]["id"] = last_event_id
     return {
         200: {
             "description": description,
@@ -79,29 +77,20 @@ UPSTREAM_SSE_RESPONSES = _sse_responses(
         _frame(
             {"const": "connected"},
             _object(["status"], status={"const": "connected"}),
-            None,
         ),
         _frame(
             {"const": "disconnecting"},
             _object(["reason", "retry_ms"], reason=STR, retry_ms=INT),
-            None,
         ),
-        _frame(
-            {"type": "string", "enum": sorted(VALID_EVENT_TYPES)},
-            EVENT_REF,
-            {"type": "string", "pattern": "^event_[0-9a-f]{32}$"},
-        ),
+        _frame({"type": "string", "enum": sorted(VALID_EVENT_TYPES)}, EVENT_REF),
     ],
+    {"type": "string", "pattern": "^event_[0-9a-f]{32}$"},
 )
 MUTATION_SSE_RESPONSES = _sse_responses(
     "The Mutation stream: `message` snapshots (`id:` = cursor), `part` and `delta` of "
     "the live projection, `reset`; `: ping` comments",
     [
-        _frame(
-            {"const": "message"},
-            _object(["message"], message=MESSAGE_REF),
-            {"type": "string", "pattern": "^[0-9]+$"},
-        ),
+        _frame({"const": "message"}, _object(["message"], message=MESSAGE_REF)),
         _frame(
             {"const": "part"},
             _object(
@@ -110,7 +99,6 @@ MUTATION_SSE_RESPONSES = _sse_responses(
                 revision=INT,
                 part=_object(["part_id", "type"], part_id=STR, type=STR),
             ),
-            None,
         ),
         _frame(
             {"const": "delta"},
@@ -122,10 +110,10 @@ MUTATION_SSE_RESPONSES = _sse_responses(
                 offset=INT,
                 text=STR,
             ),
-            None,
         ),
-        _frame({"const": "reset"}, _object(["reason"], reason=STR), None),
+        _frame({"const": "reset"}, _object(["reason"], reason=STR)),
     ],
+    {"type": "string", "pattern": "^[0-9]+$"},
 )
 
 

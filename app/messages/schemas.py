@@ -52,8 +52,9 @@ InputPart = Annotated[
 
 
 class InputMessage(InputSchema):
-    # Any role is parsed so that a non-user role gets upstream's 400, not a 422.
-    role: str = "user"
+    # Any role is parsed so that a non-user role gets upstream's 400, not a 422; the
+    # schema documents the one role accepted.
+    role: str = Field(default="user", json_schema_extra={"enum": ["user"]})
     content: list[InputPart] = Field(min_length=1)
     # Beyond upstream: the seed's visibility; `internal` messages are hidden from lists
     # unless `include_internal=true`.
