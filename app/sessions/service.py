@@ -136,7 +136,11 @@ async def list_sessions(
     )
     if query.search:
         for token in query.search.split():
-            stmt = stmt.where(models.Session.title.ilike(f"%{token}%"))
+            # Match the token literally: % and _ are LIKE wildcards otherwise.
+            literal = (
+                token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            )
+            stmt = stmt.where(models.Session.title.ilike(f"%{literal}%", escape="\\"))
     if query.statuses:
         stmt = stmt.where(models.Session.status.in_(query.statuses))
     if query.created_after is not None:
