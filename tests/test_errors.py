@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
+import app.events.service
 import app.messages.checkpoint
 import app.sessions.service
 from app.db import models
@@ -794,7 +795,10 @@ async def test_unexpected_exception_is_generic_500_with_request_id(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # The session lookup every route starts with: sessions' own, and the events
+    # feature's for the log and the streams.
     monkeypatch.setattr(app.sessions.service, "get_session", _explode)
+    monkeypatch.setattr(app.events.service, "require_session", _explode)
     url = f"/v1/sessions/{world.sid}" + world.fill(suffix)
     with caplog.at_level(logging.ERROR, logger="app.errors"):
         response = await assert_unchanged(world, lambda: world.client.get(url))

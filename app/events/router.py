@@ -11,7 +11,6 @@ from app.events import schemas, service
 from app.events.types import MAX_TYPE_FILTERS, VALID_EVENT_TYPES
 from app.ids import parse_or_400
 from app.schemas import MAX_INT32
-from app.sessions import service as sessions_service
 
 router = APIRouter(tags=["events"])
 
@@ -80,18 +79,14 @@ async def list_events(
     exclude_filter = validate_types("exclude", exclude)
     if since_id is not None and after_sequence is not None:
         raise InvalidRequest("since_id and after_sequence are mutually exclusive")
-    await sessions_service.get_session(db, organization_id=org, session_id=session_id)
-    if since_id is not None:
-        event_id = parse_or_400("event", "event", since_id)
-        after_sequence = await service.resume_sequence(db, session_id, event_id)
-        if after_sequence is None:
-            raise InvalidRequest(f"since_id: no event {since_id} in this session")
+    event_id = (
+        parse_or_400("event", "event", since_id) if since_id is not None else None
+    )
     flt = service.EventFilter(
         after_sequence, before_sequence, type_filter, exclude_filter, limit
     )
-    rows = await service.read_event_bodies(db, session_id, flt)
-    headers = {}
-    if limit is not None:
-        headers["X-Total-Count"] = str(await service.count_events(db, session_id, flt))
-    body = b'{"data":' + wire.join_array(body for _, _, body in rows) + b"}"
+    body, total = await service.list_events(
+        db, organization_id=org, session_id=session_id, since_id=event_id, flt=flt
+    )
+    headers = {"X-Total-Count": str(total)} if total is not None else {}
     return wire.json_response(body, headers=headers)

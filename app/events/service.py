@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import wire
 from app.db import models
 from app.db.types import utcnow
+from app.errors import InvalidRequest, SessionNotFound
 from app.ids import format_id, uuid7
 
 
@@ -199,3 +200,50 @@ async def resume_sequence(
         )
     )
     return before or 0
+
+
+async def cursor_after_event(
+    db: AsyncSession,
+    session_id: uuid.UUID,
+    event_id: uuid.UUID,
+    *,
+    name: str = "since_id",
+) -> int:
+    """The sequence a stream or list resumes after for an event-id cursor (400 if none)."""
+    sequence = await resume_sequence(db, session_id, event_id)
+    if sequence is None:
+        raise InvalidRequest(
+            f"{name}: no event {format_id('event', event_id)} in this session"
+        )
+    return sequence
+
+
+async def require_session(
+    db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID
+) -> None:
+    found = await db.scalar(
+        select(models.Session.id).where(
+            models.Session.id == session_id,
+            models.Session.organization_id == organization_id,
+        )
+    )
+    if found is None:
+        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
+
+
+async def list_events(
+    db: AsyncSession,
+    *,
+    organization_id: uuid.UUID,
+    session_id: uuid.UUID,
+    since_id: uuid.UUID | None,
+    flt: EventFilter,
+) -> tuple[bytes, int | None]:
+    """`{"data": [...]}` of stored event bodies, and with `flt.limit` the total count of
+    matching events (for X-Total-Count)."""
+    await require_session(db, organization_id=organization_id, session_id=session_id)
+    if since_id is not None:
+        flt.after_sequence = await cursor_after_event(db, session_id, since_id)
+    rows = await read_event_bodies(db, session_id, flt)
+    total = await count_events(db, session_id, flt) if flt.limit is not None else None
+    return b'{"data":' + wire.join_array(body for _, _, body in rows) + b"}", total

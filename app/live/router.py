@@ -1,7 +1,6 @@
 """The two SSE streams: upstream's `/sse` and the Mutation stream. The routes validate
 and look up before streaming, then hand off to generators that own their resources."""
 
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
@@ -10,13 +9,12 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from app.deps import OrgId, SessionId, StateDep
 from app.errors import InvalidRequest, problem_responses
+from app.events import service as events_service
 from app.events.router import EVENT_ID_SCHEMA, TYPE_FILTER_SCHEMA, validate_types
-from app.events.service import resume_sequence
 from app.events.types import VALID_EVENT_TYPES
 from app.ids import parse_or_400
 from app.live.streams import StreamConfig, message_mutations, upstream_events
 from app.schemas import MAX_INT32
-from app.sessions import service as sessions_service
 from app.state import AppState
 
 router = APIRouter(tags=["streams"])
@@ -153,15 +151,6 @@ def _sequence(text: str, name: str) -> int:
     return int(text)
 
 
-async def _check_session(
-    state: AppState, org: uuid.UUID, session_id: uuid.UUID
-) -> None:
-    async with state.database.read() as db:
-        await sessions_service.get_session(
-            db, organization_id=org, session_id=session_id
-        )
-
-
 @router.get(
     "/sessions/{session_id}/sse",
     response_class=EventSourceResponse,
@@ -201,15 +190,20 @@ async def stream_sse(
         parse_or_400("event", "event", last_event_id)
         if event_cursor is None and after_sequence is None:
             event_cursor = last_event_id
-    if event_cursor is not None:
-        event_uuid = parse_or_400("event", "event", event_cursor)
-    await _check_session(state, org, session_id)
-    cursor = after_sequence
-    if event_cursor is not None:
-        async with state.database.read() as db:
-            cursor = await resume_sequence(db, session_id, event_uuid)
-        if cursor is None:
-            raise InvalidRequest(f"since_id: no event {event_cursor} in this session")
+    event_uuid = (
+        parse_or_400("event", "event", event_cursor)
+        if event_cursor is not None
+        else None
+    )
+    async with state.database.read() as db:
+        await events_service.require_session(
+            db, organization_id=org, session_id=session_id
+        )
+        cursor = (
+            after_sequence
+            if event_uuid is None
+            else await events_service.cursor_after_event(db, session_id, event_uuid)
+        )
 
     def accept(event_type: str) -> bool:
         return (
@@ -264,7 +258,10 @@ async def stream_messages(
         cursor = _sequence(after, "after") if after else None
     else:
         cursor = header
-    await _check_session(state, org, session_id)
+    async with state.database.read() as db:
+        await events_service.require_session(
+            db, organization_id=org, session_id=session_id
+        )
     slot = state.limits.acquire(session_id)
     return _response(
         state,
