@@ -23,6 +23,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.ids import format_id, uuid7
+
 log = logging.getLogger("app.live.bus")
 
 CHANNEL = "evermirror"
@@ -90,19 +92,18 @@ def split_payload(item: dict[str, Any]) -> list[bytes]:
     """Encode an item for NOTIFY; a delta too large for one payload is split into
     several deltas whose offsets continue one another."""
     encoded = orjson.dumps(item)
-    if len(encoded) <= MAX_NOTIFY_BYTES or item.get("k") != "d" or "text" not in item:
+    if len(encoded) <= MAX_NOTIFY_BYTES or item.get("k") != "d":
         return [encoded]
     chunks: list[bytes] = []
-    text_value: str = item["text"]
-    offset: int = item.get("offset", 0)
-    # Characters encode to at most 4 bytes in UTF-8 (and escaping at most doubles ASCII).
-    step = max(1, (MAX_NOTIFY_BYTES - 1000) // 8)
-    for start in range(0, len(text_value), step):
-        piece = {
-            **item,
-            "text": text_value[start : start + step],
-            "offset": offset + start,
-        }
+    text_value: str = item["t"]
+    offset: int = item["o"]
+    # A character encodes to at most 6 bytes of JSON (a \uXXXX escape).
+    step = max(1, (MAX_NOTIFY_BYTES - 1000) // 6)
+    for index, start in enumerate(range(0, len(text_value), step)):
+        piece = {**item, "t": text_value[start : start + step], "o": offset + start}
+        if index:
+            # Each piece is an event of its own on the upstream stream.
+            piece["eid"] = format_id("event", uuid7())
         chunks.append(orjson.dumps(piece))
     return chunks
 

@@ -94,18 +94,22 @@ class Fanout:
         if kind == "w":
             for event in self.watchers.get(session_id, ()):
                 event.set()
-        elif kind in ("p", "d", "x") and not self._project(item):
-            return
+        elif kind in ("p", "d", "x"):
+            projected = self._project(item)
+            if projected is None:
+                return
+            item = projected
         target = self.channels.get(session_id)
         if target is not None:
             target.inbox.put_nowait(item)
 
-    def _project(self, item: Item) -> bool:
-        """Apply a live item to the projection. Returns False for an item to drop."""
+    def _project(self, item: Item) -> Item | None:
+        """Apply a live item to the projection. Returns the item to pass on (a delta
+        trimmed of text the projection already has), or None to drop it."""
         message_id = uuid.UUID(hex=item["m"])
         if item["k"] == "x":
             self.projections.pop(message_id, None)
-            return True
+            return item
         projection = self.projections.get(message_id)
         if projection is None or item["r"] > projection.revision:
             projection = Projection(
@@ -113,10 +117,10 @@ class Fanout:
             )
             self.projections[message_id] = projection
         elif item["r"] < projection.revision:
-            return False
+            return None
         if item["k"] == "p":
             projection.parts[item["part"]["part_id"]] = dict(item["part"])
-            return True
+            return item
         part = projection.parts.get(item["pid"])
         known = len(part.get("text", "")) if part is not None else -1
         if part is None or item["o"] > known:
@@ -124,15 +128,15 @@ class Fanout:
             # runner to republish its parts, and pass nothing on until then.
             for request in self.resync_requests:
                 request(message_id)
-            return False
+            return None
         if item["o"] < known:
             overlap = known - item["o"]
             if overlap >= len(item["t"]):
-                return False
+                return None
             item = {**item, "t": item["t"][overlap:], "o": known}
         part["text"] = part.get("text", "") + item["t"]
         item["acc"] = part["text"]
-        return True
+        return item
 
     def live_parts(
         self, session_id: uuid.UUID

@@ -115,11 +115,15 @@ MUTATION_SSE_RESPONSES = _sse_responses(
 )
 
 
-def _response(state: AppState, frames: AsyncIterator[bytes]) -> EventSourceResponse:
+def _response(
+    state: AppState, frames: AsyncIterator[bytes], keepalive: str
+) -> EventSourceResponse:
+    """The one adapter to the SSE transport: pre-encoded frames, a keep-alive comment
+    (`: heartbeat` upstream, `: ping` on the Mutation stream) and a send timeout."""
     return EventSourceResponse(
         frames,
         ping=state.settings.sse_heartbeat_seconds,
-        ping_message_factory=lambda: ServerSentEvent(comment="heartbeat", sep="\n"),
+        ping_message_factory=lambda: ServerSentEvent(comment=keepalive, sep="\n"),
         sep="\n",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         send_timeout=state.settings.sse_send_timeout_seconds,
@@ -224,6 +228,7 @@ async def stream_sse(
             ),
             release=slot.release,
         ),
+        "heartbeat",
     )
 
 
@@ -276,4 +281,5 @@ async def stream_messages(
             ),
             release=slot.release,
         ),
+        "ping",
     )

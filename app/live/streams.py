@@ -67,11 +67,14 @@ async def upstream_events(
     """Upstream's `/sse`: `connected`, replay after the cursor, then the live tail."""
     sub = fanout.subscribe(session_id)
     try:
-        yield frames.connected()
+        # The starting position is fixed before `connected` goes out: a client that acts
+        # on `connected` (posts a message) must see everything that follows.
         if cursor is None:
             position = Position(await _last_sequence(database, session_id) or 0)
         else:
             position = Position(cursor)
+        yield frames.connected()
+        if cursor is not None:
             async for chunk in _replay_events(
                 database, session_id, position, accept, config
             ):
@@ -216,7 +219,9 @@ async def message_mutations(
                         yield chunk
                 cursor = max(cursor, item["q"])
             elif kind == "m":
-                if item["q"] <= last:
+                # Replayed snapshots already cover what committed up to `last`; without
+                # a cursor nothing was replayed, so every checkpoint is sent.
+                if after is not None and item["q"] <= last:
                     continue
                 if include_internal or item["vis"] == "visible":
                     yield frames.message_mutation(item)
