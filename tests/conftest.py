@@ -59,7 +59,7 @@ def pg_database() -> Iterator[str]:
     asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
-async def _truncate(url: str) -> None:
+async def truncate(url: str) -> None:
     engine = create_async_engine(url)
     async with engine.begin() as conn:
         await conn.execute(text(f"TRUNCATE {', '.join(TABLES)} CASCADE"))
@@ -94,7 +94,7 @@ def test_settings(database_url: str, **overrides: Any) -> Settings:
 @pytest.fixture
 async def settings(database_url: str) -> Settings:
     if database_url.startswith("postgresql"):
-        await _truncate(database_url)
+        await truncate(database_url)
     return test_settings(database_url)
 
 

@@ -9,21 +9,21 @@ timeout and every wait a deadline, so a test that uses it always ends on its own
 
 Frames keep what the wire said: `event`, `id`, `retry`, `data` (lines joined with
 "\\n") and the comment lines (`: heartbeat`), with the monotonic time they arrived.
+
+`SSEReader` instead records every event frame in the background, for tests that poll
+what has arrived so far (`wait_for`) rather than consume the stream.
 """
 
 import asyncio
 import contextlib
 import json
-import shutil
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 
 @dataclass
@@ -251,76 +251,145 @@ async def open_stream(
         await stream.aclose()
 
 
+@asynccontextmanager
+async def session_streams(
+    client: httpx.AsyncClient, session_id: str
+) -> AsyncIterator[tuple[SSEStream, SSEStream]]:
+    """Both streams of a session, open together: upstream's `/sse`, its `connected`
+    frame read, and the Mutation stream."""
+    async with (
+        open_stream(client, f"/v1/sessions/{session_id}/sse") as sse,
+        open_stream(client, f"/v1/sessions/{session_id}/messages/stream") as mutations,
+    ):
+        await expect_connected(sse)
+        yield sse, mutations
+
+
 def events(frames: list[Frame]) -> list[Frame]:
     """The frames that are events (not comment-only blocks)."""
     return [f for f in frames if not f.is_comment]
 
 
-# ---- the session API calls the streaming tests drive ---------------------------------
+def durable(frames: list[Frame]) -> list[Frame]:
+    """The frames of durable events (those with an `id:`)."""
+    return [f for f in events(frames) if f.id is not None]
 
 
-async def create_session(client: httpx.AsyncClient) -> str:
-    response = await client.post("/v1/sessions", json={"title": "live"})
-    assert response.status_code == 201, response.text
-    session_id: str = response.json()["id"]
-    return session_id
+# ---- the frames tests wait for --------------------------------------------------------
 
 
-async def post_message(
-    client: httpx.AsyncClient, session_id: str, text: str
-) -> dict[str, Any]:
-    response = await client.post(
-        f"/v1/sessions/{session_id}/messages",
-        json={"message": {"content": [{"type": "text", "text": text}]}},
-    )
-    assert response.status_code == 201, response.text
-    body: dict[str, Any] = response.json()
-    return body
+DELTA = "output.message.delta"
 
 
-async def list_messages(client: httpx.AsyncClient, session_id: str) -> dict[str, Any]:
-    response = await client.get(
-        f"/v1/sessions/{session_id}/messages", params={"limit": 200}
-    )
-    assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
+def is_delta(frame: Frame) -> bool:
+    """`/sse`: a live (never durable) delta of the streaming message."""
+    return frame.event == DELTA
 
 
-async def list_events(
-    client: httpx.AsyncClient, session_id: str
-) -> list[dict[str, Any]]:
-    response = await client.get(
-        f"/v1/sessions/{session_id}/events", params={"limit": 1000}
-    )
-    assert response.status_code == 200, response.text
-    data: list[dict[str, Any]] = response.json()["data"]
-    return data
+def is_idled(frame: Frame) -> bool:
+    """`/sse`: the turn is over and the session idles."""
+    return frame.event == "session.idled"
 
 
-async def wait_idle(
-    client: httpx.AsyncClient, session_id: str, within: float = 20.0
-) -> dict[str, Any]:
-    """Poll the session until no turn runs; returns the session."""
-    deadline = time.monotonic() + within
-    while True:
-        response = await client.get(f"/v1/sessions/{session_id}")
-        assert response.status_code == 200, response.text
-        session: dict[str, Any] = response.json()
-        if session["status"] == "idle":
-            return session
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"session {session_id} still {session['status']}")
-        await asyncio.sleep(0.05)
+def agent_done(frame: Frame) -> bool:
+    """The Mutation stream: a snapshot of an agent message that is done."""
+    if frame.event != "message":
+        return False
+    message = frame.json()["message"]
+    return bool(message["role"] == "agent" and message["state"] == "done")
 
 
-def lane_database_url(request: pytest.FixtureRequest, directory: Path) -> str:
-    """A migrated database on the lane `request.param` ("sqlite" or "postgresql"), for
-    a server shared by the tests of one module (each test uses sessions of its own)."""
-    if request.param == "sqlite":
-        template: Path = request.getfixturevalue("sqlite_template")
-        path = directory / "live.db"
-        shutil.copy(template, path)
-        return f"sqlite+aiosqlite:///{path}"
-    url: str = request.getfixturevalue("pg_database")
-    return url
+def merge_snapshots(state: dict[str, dict[str, Any]], frames: list[Frame]) -> None:
+    """The seed's client rule on the Mutation stream: keep the newest revision of each
+    message snapshot in `state` (message id -> message)."""
+    for frame in frames:
+        if frame.event == "message":
+            message = frame.json()["message"]
+            current = state.get(message["id"])
+            if current is None or message["revision"] > current["revision"]:
+                state[message["id"]] = message
+
+
+async def expect_connected(stream: SSEStream, within: float = 5.0) -> Frame:
+    """The first frame of `/sse`, which is `connected`."""
+    first = await stream.next(within)
+    assert first is not None
+    assert first.event == "connected"
+    return first
+
+
+# ---- a recorder, for tests that poll what arrived ---------------------------------------
+
+READER_WAIT = 15.0
+
+
+@dataclass
+class SSEReader:
+    """Reads one stream in a background task and records its event frames in `frames`
+    (comment blocks are dropped; a frame without `event:` is a "message"). `ended`
+    turns true when the connection ends, whichever side ended it."""
+
+    client: httpx.AsyncClient
+    url: str
+    frames: list[Frame] = field(default_factory=list)
+    status: int | None = None
+    error: BaseException | None = None
+    ended: bool = False
+    _task: asyncio.Task[None] | None = None
+    _opened: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def start(self) -> "SSEReader":
+        self._task = asyncio.create_task(self._run())
+        async with asyncio.timeout(READER_WAIT):
+            await self._opened.wait()
+        assert self.status == 200, f"{self.url}: status {self.status} ({self.error})"
+        return self
+
+    async def _run(self) -> None:
+        parser = FrameParser()
+        try:
+            async with self.client.stream(
+                "GET", self.url, timeout=httpx.Timeout(10.0, read=30.0)
+            ) as response:
+                self.status = response.status_code
+                self._opened.set()
+                async for chunk in response.aiter_text():
+                    for frame in parser.feed(chunk):
+                        if frame.event is None and frame.data is None:
+                            continue  # comment lines only
+                        frame.event = frame.event or "message"
+                        self.frames.append(frame)
+        except httpx.HTTPError as exc:
+            self.error = exc
+        finally:
+            self.ended = True
+            self._opened.set()
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The payloads of the recorded `name` frames."""
+        return [f.json() for f in self.frames if f.event == name]
+
+    def has(self, name: str) -> bool:
+        return any(f.event == name for f in self.frames)
+
+    async def wait_for(
+        self,
+        predicate: Callable[[list[Frame]], bool],
+        what: str,
+        within: float = READER_WAIT,
+    ) -> None:
+        """Until `predicate(frames)` holds; AssertionError after `within` seconds."""
+        deadline = time.monotonic() + within
+        while not predicate(self.frames):
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out after {within}s waiting for {what}; "
+                    f"{len(self.frames)} frames: {[f.event for f in self.frames][-20:]}"
+                )
+            await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

@@ -12,7 +12,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -22,44 +21,27 @@ from sqlalchemy import func, select, text
 
 import tests.conftest as harness
 from app.db import models
-from app.main import create_app
 from app.settings import Settings
+from tests.helpers import (
+    KEY_PATTERN,
+    Rows,
+    assert_problem,
+    auth,
+    create_cli_key,
+    post_message,
+    run_cli,
+    running_app,
+    table_rows,
+    wait_idle,
+    wait_until,
+)
+from tests.sse_client import expect_connected, open_stream
 
 ORG_A = "org_" + "a1" * 16
 ORG_B = "org_" + "b2" * 16
-KEY_PATTERN = re.compile(r"evm_[0-9a-f]{64}")
-PROBLEM_JSON = "application/problem+json"
 
 
 # ---- the CLI -------------------------------------------------------------------------
-
-
-def cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "DATABASE_URL": database_url, "LOG_LEVEL": "warning"}
-    return subprocess.run(
-        [sys.executable, "-m", "app", *args],
-        cwd=harness.ROOT,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
-async def run_cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(cli, database_url, *args)
-
-
-async def create_key(database_url: str, org: str, name: str | None = None) -> str:
-    extra = ["--name", name] if name else []
-    result = await run_cli(database_url, "keys", "create", "--org", org, *extra)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert len(lines) == 1, f"stdout must hold exactly the key: {result.stdout!r}"
-    key = lines[0]
-    assert KEY_PATTERN.fullmatch(key), key
-    return key
 
 
 async def key_ids(database_url: str) -> dict[str, str]:
@@ -95,65 +77,21 @@ class Service:
         return body
 
     async def finish_turn(self, key: str, sid: str) -> str:
-        posted = await self.request(
-            "POST",
-            f"/v1/sessions/{sid}/messages",
-            key,
-            json={"message": {"content": [{"type": "text", "text": "hello"}]}},
-        )
-        assert posted.status_code == 201, posted.text
-        deadline = time.monotonic() + 20
-        while True:
-            session = (await self.request("GET", f"/v1/sessions/{sid}", key)).json()
-            if session["status"] == "idle":
-                message_id: str = posted.json()["id"]
-                return message_id
-            assert time.monotonic() < deadline, session
-            await asyncio.sleep(0.02)
+        """Post a message with `key` and wait for its turn to end; the message id."""
+        posted = await post_message(self.client, sid, "hello", headers=auth(key))
+        await wait_idle(self.client, sid, headers=auth(key))
+        message_id: str = posted["id"]
+        return message_id
 
-    async def counts(self) -> tuple[Any, ...]:
-        database = self.app.state.app.database
-        async with database.read() as db:
-            totals = [
-                await db.scalar(select(func.count()).select_from(model))
-                for model in (models.Session, models.Message, models.Event)
-            ]
-            sessions = (
-                await db.execute(
-                    select(
-                        models.Session.id,
-                        models.Session.last_sequence,
-                        models.Session.title,
-                        models.Session.status,
-                        models.Session.updated_at,
-                        models.Session.cancel_requested_at,
-                    ).order_by(models.Session.id)
-                )
-            ).all()
-        return (*totals, [tuple(row) for row in sessions])
+    async def rows(self) -> Rows:
+        return await table_rows(self.app.state.app.database)
 
 
 @pytest.fixture
 async def service(settings: Settings) -> AsyncIterator[Service]:
     fresh = harness.test_settings(settings.database_url, auth_cache_seconds=0.0)
-    app = create_app(fresh)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://test"
-        ) as client:
-            yield Service(app, client, settings.database_url)
-
-
-def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:
-    context = f"{response.request.method} {response.request.url}: {response.text}"
-    assert response.status_code == status, context
-    assert response.headers["content-type"].split(";")[0] == PROBLEM_JSON, context
-    body: dict[str, Any] = response.json()
-    assert body["title"] == HTTPStatus(status).phrase, context
-    assert body["status"] == status, context
-    assert None not in body.values(), context
-    return body
+    async with running_app(fresh) as running:
+        yield Service(running.app, running.client, settings.database_url)
 
 
 # ---- keys create / list --------------------------------------------------------------
@@ -171,7 +109,7 @@ async def test_keys_create_prints_the_key_once_and_stores_only_its_hash(
     assert KEY_PATTERN.fullmatch(key)
     assert key not in result.stderr
     assert re.search(r"key_[0-9a-f]{32}", result.stderr)
-    second = await create_key(service.database_url, ORG_A)
+    second = await create_cli_key(service.database_url, ORG_A)
     assert second != key
 
     database = service.app.state.app.database
@@ -220,8 +158,8 @@ async def test_keys_create_rejects_a_malformed_org(service: Service) -> None:
 
 async def test_keys_list_never_prints_a_key(service: Service) -> None:
     keys = [
-        await create_key(service.database_url, ORG_A, "alpha"),
-        await create_key(service.database_url, ORG_B, "beta"),
+        await create_cli_key(service.database_url, ORG_A, "alpha"),
+        await create_cli_key(service.database_url, ORG_B, "beta"),
     ]
     result = await run_cli(service.database_url, "keys", "list")
     assert result.returncode == 0, result.stderr
@@ -253,9 +191,9 @@ async def test_once_a_key_exists_requests_without_one_are_401(
     service: Service,
 ) -> None:
     open_session = (await service.request("POST", "/v1/sessions", json={})).json()
-    key = await create_key(service.database_url, ORG_A)
+    key = await create_cli_key(service.database_url, ORG_A)
     sid = open_session["id"]
-    before = await service.counts()
+    before = await service.rows()
     routes: list[tuple[str, str, dict[str, Any] | None]] = [
         ("GET", "/v1/sessions", None),
         ("POST", "/v1/sessions", {"title": "x"}),
@@ -293,21 +231,21 @@ async def test_once_a_key_exists_requests_without_one_are_401(
             problem = assert_problem(response, 401)
             assert problem["code"] == "unauthorized"
             assert key not in response.text
-    assert await service.counts() == before
+    assert await service.rows() == before
     health = await service.client.get("/health")
     assert health.status_code == 200
 
 
 async def test_401_carries_www_authenticate(service: Service) -> None:
     """RFC 9110 §15.5.2: a 401 MUST send a WWW-Authenticate challenge."""
-    await create_key(service.database_url, ORG_A)
+    await create_cli_key(service.database_url, ORG_A)
     response = await service.client.get("/v1/sessions")
     assert response.status_code == 401
     assert response.headers.get("www-authenticate", "").lower().startswith("bearer")
 
 
 async def test_bearer_and_bare_key_both_work(service: Service) -> None:
-    key = await create_key(service.database_url, ORG_A)
+    key = await create_cli_key(service.database_url, ORG_A)
     created = await service.request("POST", "/v1/sessions", key, json={"title": "a"})
     assert created.status_code == 201
     session = created.json()
@@ -338,8 +276,8 @@ async def test_bearer_and_bare_key_both_work(service: Service) -> None:
 async def test_a_key_never_sees_another_organizations_sessions(
     service: Service,
 ) -> None:
-    key_a = await create_key(service.database_url, ORG_A)
-    key_b = await create_key(service.database_url, ORG_B)
+    key_a = await create_cli_key(service.database_url, ORG_A)
+    key_b = await create_cli_key(service.database_url, ORG_B)
     mine = [await service.new_session(key_a, f"a{i}") for i in range(2)]
     theirs = await service.new_session(key_b, "b")
     mine_message = await service.finish_turn(key_a, mine[0]["id"])
@@ -361,7 +299,7 @@ async def test_a_key_never_sees_another_organizations_sessions(
     assert searched["data"] == [] and searched["total"] == 0
 
     unknown = "session_" + uuid.uuid4().hex
-    before = await service.counts()
+    before = await service.rows()
     for viewer, target, message in (
         (key_a, theirs["id"], their_message),
         (key_b, mine[0]["id"], mine_message),
@@ -410,15 +348,15 @@ async def test_a_key_never_sees_another_organizations_sessions(
         assert {e["session_id"] for e in since.json()["data"]} <= {mine[0]["id"]}
     else:
         assert_problem(since, 400)
-    assert await service.counts() == before
+    assert await service.rows() == before
 
 
 # ---- revocation ----------------------------------------------------------------------
 
 
 async def test_revoke_stops_the_key(service: Service) -> None:
-    doomed = await create_key(service.database_url, ORG_A, "doomed")
-    kept = await create_key(service.database_url, ORG_A, "kept")
+    doomed = await create_cli_key(service.database_url, ORG_A, "doomed")
+    kept = await create_cli_key(service.database_url, ORG_A, "kept")
     session = await service.new_session(doomed, "a")
     url = f"/v1/sessions/{session['id']}"
     assert (await service.request("GET", url, doomed)).status_code == 200
@@ -455,7 +393,7 @@ async def test_revoking_the_last_key_does_not_reopen_the_service(
     """Once keys were configured, revoking them must not turn the service back into an
     open one: a server started on a public address because a key existed would then
     serve anyone, without the start-up refusal ever running again."""
-    key = await create_key(service.database_url, ORG_A)
+    key = await create_cli_key(service.database_url, ORG_A)
     session = await service.new_session(key, "a")
     result = await run_cli(service.database_url, "keys", "revoke", key)
     assert result.returncode == 0, result.stderr
@@ -469,33 +407,24 @@ async def test_revocation_takes_effect_within_the_cache_window(
     settings: Settings,
 ) -> None:
     ttl = 0.5
-    app = create_app(
-        harness.test_settings(settings.database_url, auth_cache_seconds=ttl)
-    )
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://test"
-        ) as client:
-            doomed = await create_key(settings.database_url, ORG_A)
-            await create_key(settings.database_url, ORG_A)
-            headers = {"Authorization": doomed}
-            deadline = time.monotonic() + ttl + 5
-            while (
-                await client.get("/v1/sessions", headers=headers)
-            ).status_code != 200:
-                assert time.monotonic() < deadline, "a new key never started working"
-                await asyncio.sleep(0.05)
-            revoked_at = time.monotonic()
-            result = await run_cli(settings.database_url, "keys", "revoke", doomed)
-            assert result.returncode == 0, result.stderr
-            deadline = time.monotonic() + ttl + 5
-            while (
-                await client.get("/v1/sessions", headers=headers)
-            ).status_code != 401:
-                assert time.monotonic() < deadline, "the revoked key kept working"
-                await asyncio.sleep(0.05)
-            assert time.monotonic() - revoked_at < ttl + 5
+    cached = harness.test_settings(settings.database_url, auth_cache_seconds=ttl)
+    async with running_app(cached) as running:
+        doomed = await create_cli_key(settings.database_url, ORG_A)
+        await create_cli_key(settings.database_url, ORG_A)
+        headers = {"Authorization": doomed}
+
+        async def answers(status: int) -> bool:
+            response = await running.client.get("/v1/sessions", headers=headers)
+            return response.status_code == status
+
+        await wait_until(lambda: answers(200), "the new key to work", within=ttl + 5)
+        revoked_at = time.monotonic()
+        result = await run_cli(settings.database_url, "keys", "revoke", doomed)
+        assert result.returncode == 0, result.stderr
+        await wait_until(
+            lambda: answers(401), "the revoked key to stop working", within=ttl + 5
+        )
+        assert time.monotonic() - revoked_at < ttl + 5
 
 
 # ---- serve on a public address -------------------------------------------------------
@@ -597,8 +526,8 @@ async def test_serve_insecure_starts_on_a_public_address(
 async def test_serve_with_a_key_starts_and_requires_it(
     settings: Settings, tmp_path: Path
 ) -> None:
-    key_a = await create_key(settings.database_url, ORG_A)
-    key_b = await create_key(settings.database_url, ORG_B)
+    key_a = await create_cli_key(settings.database_url, ORG_A)
+    key_b = await create_cli_key(settings.database_url, ORG_B)
     process, url = await serving(settings.database_url, tmp_path, "--host", "0.0.0.0")
     try:
         async with httpx.AsyncClient(base_url=url, timeout=5) as client:
@@ -612,20 +541,12 @@ async def test_serve_with_a_key_starts_and_requires_it(
             sid = created.json()["id"]
             assert created.json()["organization_id"] == ORG_A
             sse = f"/v1/sessions/{sid}/sse"
-            foreign = await client.get(
-                sse, headers={"Authorization": f"Bearer {key_b}"}
-            )
+            foreign = await client.get(sse, headers=auth(key_b))
             assert assert_problem(foreign, 404)["code"] == "session_not_found"
-            async with client.stream(
-                "GET", sse, headers={"Authorization": f"Bearer {key_a}"}
-            ) as stream:
+            async with open_stream(client, sse, headers=auth(key_a)) as stream:
                 assert stream.status_code == 200
-                assert stream.headers["content-type"].startswith("text/event-stream")
-                lines = []
-                async for line in stream.aiter_lines():
-                    lines.append(line)
-                    if line == "event: connected":
-                        break
-                assert lines[-1] == "event: connected"
+                content_type = stream.response.headers["content-type"]
+                assert content_type.startswith("text/event-stream")
+                await expect_connected(stream)
     finally:
         await asyncio.to_thread(stop, process)

@@ -2,10 +2,13 @@
 re-renders the snapshot and appends upstream events with dense sequences."""
 
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import models
 from app.db.session import Database
@@ -47,6 +50,19 @@ async def snapshot(db_handle: Database, message_id: uuid.UUID) -> dict[str, Any]
         return value
 
 
+@asynccontextmanager
+async def locked(
+    db_handle: Database, session_id: uuid.UUID, message_id: uuid.UUID
+) -> AsyncIterator[tuple[AsyncSession, models.Session, models.Message]]:
+    """A write unit of work holding the session's lock and the message, as the runner
+    does for each checkpoint."""
+    async with db_handle.write() as db:
+        session = await checkpoint.lock_session(db, session_id)
+        assert session is not None
+        message = await checkpoint.get_message_for_update(db, message_id)
+        yield db, session, message
+
+
 async def test_agent_message_lifecycle_bumps_revision_and_appends_events(
     running: Running,
 ) -> None:
@@ -62,10 +78,7 @@ async def test_agent_message_lifecycle_bumps_revision_and_appends_events(
     first = await snapshot(handle, mid)
     assert (first["revision"], first["state"], first["content"]) == (1, "streaming", [])
 
-    async with handle.write() as db:
-        session = await checkpoint.lock_session(db, sid)
-        assert session is not None
-        message = await checkpoint.get_message_for_update(db, mid)
+    async with locked(handle, sid, mid) as (db, session, message):
         parts = [
             {"type": "text", "text": "calling"},
             {"type": "tool_call", "id": "c1", "name": "lookup", "arguments": {}},
@@ -82,10 +95,7 @@ async def test_agent_message_lifecycle_bumps_revision_and_appends_events(
     ]
 
     interaction = {"interaction_id": "i1", "kind": "approval", "status": "approved"}
-    async with handle.write() as db:
-        session = await checkpoint.lock_session(db, sid)
-        assert session is not None
-        message = await checkpoint.get_message_for_update(db, mid)
+    async with locked(handle, sid, mid) as (db, session, message):
         await checkpoint.tool_transition(
             db,
             session,
@@ -99,10 +109,7 @@ async def test_agent_message_lifecycle_bumps_revision_and_appends_events(
     assert (tool["part_id"], tool["status"]) == ("agent-tool_call:2", "running")
     assert running_snap["content"][-1]["type"] == "interaction"
 
-    async with handle.write() as db:
-        session = await checkpoint.lock_session(db, sid)
-        assert session is not None
-        message = await checkpoint.get_message_for_update(db, mid)
+    async with locked(handle, sid, mid) as (db, session, message):
         await checkpoint.tool_transition(
             db,
             session,
@@ -155,10 +162,7 @@ async def test_closed_message_refuses_further_checkpoints(running: Running) -> N
         mid = opened.message.id
     before = await events(handle, sid)
     try:
-        async with handle.write() as db:
-            session = await checkpoint.lock_session(db, sid)
-            assert session is not None
-            message = await checkpoint.get_message_for_update(db, mid)
+        async with locked(handle, sid, mid) as (db, session, message):
             await checkpoint.commit_step(db, session, message, step_id="s", parts=[])
     except checkpoint.CheckpointError:
         pass

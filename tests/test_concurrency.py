@@ -3,7 +3,6 @@ sequences stay dense and unique, deliveries are consistent with the turns the ru
 ran, and `client_message_id` makes a create idempotent even under concurrency."""
 
 import asyncio
-import time
 import uuid
 from collections import Counter
 from typing import Any
@@ -11,49 +10,21 @@ from typing import Any
 import httpx
 
 from tests.conftest import Server
+from tests.helpers import (
+    create_session,
+    list_events,
+    list_messages,
+    text_body,
+    wait_idle,
+)
 
 POSTS = 50
 TIMEOUT = httpx.Timeout(60.0)
 
 
-def text_message(text: str, **extra: Any) -> dict[str, Any]:
-    return {"message": {"content": [{"type": "text", "text": text}]}, **extra}
-
-
-async def new_session(http: httpx.AsyncClient, title: str) -> str:
-    created = await http.post("/v1/sessions", json={"title": title})
-    assert created.status_code == 201, created.text
-    session_id: str = created.json()["id"]
-    return session_id
-
-
-async def settle(http: httpx.AsyncClient, session_id: str, seconds: float = 60) -> None:
-    """Poll until the runner has finished every turn (status `idle`)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        response = await http.get(f"/v1/sessions/{session_id}")
-        assert response.status_code == 200
-        status = response.json()["status"]
-        if status == "idle":
-            return
-        assert time.monotonic() < deadline, f"session still {status}"
-        await asyncio.sleep(0.05)
-
-
-async def events(http: httpx.AsyncClient, session_id: str) -> list[dict[str, Any]]:
-    response = await http.get(f"/v1/sessions/{session_id}/events")
-    assert response.status_code == 200, response.text
-    data: list[dict[str, Any]] = response.json()["data"]
-    return data
-
-
 async def messages(http: httpx.AsyncClient, session_id: str) -> list[dict[str, Any]]:
-    response = await http.get(
-        f"/v1/sessions/{session_id}/messages",
-        params={"limit": 200, "include_internal": "true"},
-    )
-    assert response.status_code == 200, response.text
-    body = response.json()
+    """Every message, internal ones too, all on one page."""
+    body = await list_messages(http, session_id, include_internal="true")
     assert body["has_more"] is False
     data: list[dict[str, Any]] = body["data"]
     assert body["total"] == len(data)
@@ -62,17 +33,17 @@ async def messages(http: httpx.AsyncClient, session_id: str) -> list[dict[str, A
 
 async def test_fifty_concurrent_posts_to_one_session(server: Server) -> None:
     async with httpx.AsyncClient(base_url=server.url, timeout=TIMEOUT) as http:
-        session_id = await new_session(http, "concurrency")
+        session_id = await create_session(http, "concurrency")
         url = f"/v1/sessions/{session_id}/messages"
         responses = await asyncio.gather(
-            *(http.post(url, json=text_message(f"message {i}")) for i in range(POSTS))
+            *(http.post(url, json=text_body(f"message {i}")) for i in range(POSTS))
         )
         assert [r.status_code for r in responses] == [201] * POSTS, [
             r.text for r in responses if r.status_code != 201
         ]
         created = [r.json() for r in responses]
-        await settle(http, session_id)
-        log = await events(http, session_id)
+        await wait_idle(http, session_id, within=60)
+        log = await list_events(http, session_id)
         stored = await messages(http, session_id)
 
     # Every POST stored exactly one user message, with a unique sequence.
@@ -169,9 +140,9 @@ async def test_fifty_concurrent_posts_to_one_session(server: Server) -> None:
 
 async def test_repeated_client_message_id_is_a_duplicate(server: Server) -> None:
     async with httpx.AsyncClient(base_url=server.url, timeout=TIMEOUT) as http:
-        session_id = await new_session(http, "idempotency")
+        session_id = await create_session(http, "idempotency")
         url = f"/v1/sessions/{session_id}/messages"
-        body = text_message("once only", client_message_id="client-msg-1")
+        body = text_body("once only", client_message_id="client-msg-1")
 
         first = await http.post(url, json=body)
         assert first.status_code == 201, first.text
@@ -181,9 +152,9 @@ async def test_repeated_client_message_id_is_a_duplicate(server: Server) -> None
         assert early.status_code == 201
         assert early.json()["delivery"] == "duplicate"
         assert early.json()["id"] == first.json()["id"]
-        await settle(http, session_id)
+        await wait_idle(http, session_id, within=60)
 
-        log_before = await events(http, session_id)
+        log_before = await list_events(http, session_id)
         session_before = (await http.get(f"/v1/sessions/{session_id}")).json()
         messages_before = await messages(http, session_id)
 
@@ -197,32 +168,32 @@ async def test_repeated_client_message_id_is_a_duplicate(server: Server) -> None
         assert repeated["metadata"]["everruns_client_message_id"] == "client-msg-1"
 
         # Nothing was written: no event, no message, no turn, no session change.
-        assert await events(http, session_id) == log_before
+        assert await list_events(http, session_id) == log_before
         assert await messages(http, session_id) == messages_before
         assert (await http.get(f"/v1/sessions/{session_id}")).json() == session_before
 
         # The id is scoped to its session; another client id is a new message.
-        other_session = await new_session(http, "other")
+        other_session = await create_session(http, "other")
         elsewhere = await http.post(f"/v1/sessions/{other_session}/messages", json=body)
         assert elsewhere.status_code == 201
         assert elsewhere.json()["delivery"] == "started"
         assert elsewhere.json()["id"] != first.json()["id"]
         fresh = await http.post(
-            url, json=text_message("again", client_message_id="client-msg-2")
+            url, json=text_body("again", client_message_id="client-msg-2")
         )
         assert fresh.json()["delivery"] == "started"
-        await settle(http, other_session)
-        await settle(http, session_id)
+        await wait_idle(http, other_session, within=60)
+        await wait_idle(http, session_id, within=60)
         users = [m for m in await messages(http, session_id) if m["role"] == "user"]
         assert [m["id"] for m in users] == [first.json()["id"], fresh.json()["id"]]
 
 
 async def test_concurrent_duplicates_store_one_message(server: Server) -> None:
     async with httpx.AsyncClient(base_url=server.url, timeout=TIMEOUT) as http:
-        session_id = await new_session(http, "concurrent idempotency")
+        session_id = await create_session(http, "concurrent idempotency")
         url = f"/v1/sessions/{session_id}/messages"
         client_id = str(uuid.uuid4())
-        body = text_message("exactly once", client_message_id=client_id)
+        body = text_body("exactly once", client_message_id=client_id)
         responses = await asyncio.gather(
             *(http.post(url, json=body) for _ in range(10))
         )
@@ -230,9 +201,9 @@ async def test_concurrent_duplicates_store_one_message(server: Server) -> None:
             r.text for r in responses
         ]
         created = [r.json() for r in responses]
-        await settle(http, session_id)
+        await wait_idle(http, session_id, within=60)
         stored = await messages(http, session_id)
-        log = await events(http, session_id)
+        log = await list_events(http, session_id)
 
     assert len({m["id"] for m in created}) == 1
     deliveries = Counter(m["delivery"] for m in created)

@@ -3,15 +3,10 @@ they can read the headers clients need. Logs: a real server's log never holds an
 or message text at the default level, and errors it logs carry the request id."""
 
 import asyncio
-import functools
-import os
 import re
-import sys
-import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +14,19 @@ import httpx
 import pytest
 
 from app.auth import create_key
-from app.main import create_app
 from app.settings import Settings
-from tests.conftest import (
-    ROOT,
-    Running,
-    Server,
-    start_server,
-    test_settings as make_settings,
+from tests.conftest import Running, test_settings as make_settings
+from tests.helpers import (
+    auth,
+    create_cli_key,
+    create_session,
+    post_message,
+    run_cli,
+    running_app,
+    start_own_server,
+    wait_idle,
 )
+from tests.sse_client import Frame, open_stream
 
 ORIGIN = "https://app.example"
 DISALLOWED = [
@@ -39,26 +38,6 @@ DISALLOWED = [
 ]
 EXPOSED = {"x-total-count", "location", "x-request-id"}
 REQUEST_ID = re.compile(r"[0-9a-f]{32}")
-
-
-async def start_own_server(database_url: str, tmp_path: Path, **env: str) -> Server:
-    """`start_server` at info level, confirmed to be our process: its /health probe is
-    answered by whatever holds the port, and a free port can be taken by another
-    process (another test run on this machine) before our server binds it. Only our
-    server logs that it bound the port; if it could not, start another."""
-    env = {"LOG_LEVEL": "info", **env}
-    for _ in range(3):
-        server = await asyncio.to_thread(
-            functools.partial(start_server, database_url, tmp_path, None, **env)
-        )
-        bound = f"Uvicorn running on {server.url}"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and server.process.poll() is None:
-            if bound in server.log.read_text(errors="replace"):
-                return server
-            await asyncio.sleep(0.05)
-        await asyncio.to_thread(server.stop)
-    raise AssertionError(f"no server of our own started: {server.log.read_text()}")
 
 
 def header_set(response: httpx.Response, name: str) -> set[str]:
@@ -75,34 +54,19 @@ def cors_headers(response: httpx.Response) -> dict[str, str]:
     }
 
 
-@asynccontextmanager
-async def app_client(settings: Settings) -> AsyncIterator[Running]:
-    """The app with its lifespan, called in-process, as the `running` fixture does."""
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://test"
-        ) as client:
-            yield Running(app, client)
+def cors_app(
+    settings: Settings, **overrides: Any
+) -> AbstractAsyncContextManager[Running]:
+    """The app in process with CORS allowed for ORIGIN only, in open mode."""
+    return running_app(
+        make_settings(settings.database_url, cors_origins=[ORIGIN], **overrides)
+    )
 
 
 @pytest.fixture
 async def cors_client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    """The app with CORS allowed for ORIGIN only, in open mode."""
-    async with app_client(
-        make_settings(settings.database_url, cors_origins=[ORIGIN])
-    ) as running:
+    async with cors_app(settings) as running:
         yield running.client
-
-
-async def make_session(client: httpx.AsyncClient, **headers: str) -> str:
-    response = await client.post(
-        "/v1/sessions", json={"title": "cors"}, headers=headers
-    )
-    assert response.status_code == 201, response.text
-    sid: str = response.json()["id"]
-    return sid
 
 
 def preflight_headers(origin: str, method: str, request_headers: str) -> dict[str, str]:
@@ -119,7 +83,7 @@ def preflight_headers(origin: str, method: str, request_headers: str) -> dict[st
 async def test_preflight_from_allowed_origin_is_allowed(
     cors_client: httpx.AsyncClient,
 ) -> None:
-    sid = await make_session(cors_client)
+    sid = await create_session(cors_client, "cors")
     cases = [
         ("POST", f"/v1/sessions/{sid}/messages", "authorization, content-type"),
         ("POST", f"/api/v1/sessions/{sid}/messages", "Authorization,Content-Type"),
@@ -151,13 +115,8 @@ async def test_preflight_needs_no_key_and_is_not_rate_limited(
 ) -> None:
     """Browsers send preflights without credentials: with keys configured and a tiny rate
     limit, every preflight is still answered."""
-    async with app_client(
-        make_settings(
-            settings.database_url,
-            cors_origins=[ORIGIN],
-            rate_limit_per_second=1.0,
-            rate_limit_burst=1,
-        )
+    async with cors_app(
+        settings, rate_limit_per_second=1.0, rate_limit_burst=1
     ) as running:
         client = running.client
         async with running.app.state.app.database.write() as db:
@@ -233,13 +192,8 @@ async def test_error_responses_carry_cors_headers(
 
 
 async def test_rate_limited_responses_carry_cors_headers(settings: Settings) -> None:
-    async with app_client(
-        make_settings(
-            settings.database_url,
-            cors_origins=[ORIGIN],
-            rate_limit_per_second=0.5,
-            rate_limit_burst=1,
-        )
+    async with cors_app(
+        settings, rate_limit_per_second=0.5, rate_limit_burst=1
     ) as running:
         client = running.client
         first = await client.get("/v1/sessions", headers={"Origin": ORIGIN})
@@ -254,7 +208,7 @@ async def test_rate_limited_responses_carry_cors_headers(settings: Settings) -> 
 async def test_disallowed_origins_get_no_cors_headers(
     cors_client: httpx.AsyncClient,
 ) -> None:
-    sid = await make_session(cors_client)
+    sid = await create_session(cors_client, "cors")
     for origin in DISALLOWED:
         response = await cors_client.get("/v1/sessions", headers={"Origin": origin})
         assert response.status_code == 200, response.text
@@ -280,7 +234,7 @@ async def test_disallowed_origins_get_no_cors_headers(
 async def test_default_settings_send_no_cors_headers(running: Running) -> None:
     assert running.app.state.app.settings.cors_origins == []
     client = running.client
-    sid = await make_session(client)
+    sid = await create_session(client, "cors")
     responses = [
         await client.get("/v1/sessions", headers={"Origin": ORIGIN}),
         await client.post(
@@ -304,61 +258,18 @@ async def test_default_settings_send_no_cors_headers(running: Running) -> None:
 # ---- CORS on both streams, through a real server -----------------------------------------
 
 
-@dataclass
-class FirstFrame:
-    event: str | None
-    data: str | None
-    comments: list[str]
-
-
-async def first_frame(response: httpx.Response) -> FirstFrame:
-    """The first complete block of an event stream (an event, or comment lines)."""
-    frame = FirstFrame(None, None, [])
-    seen = False
-    async for line in response.aiter_lines():
-        if line == "":
-            if seen:
-                return frame
-            continue
-        seen = True
-        if line.startswith(":"):
-            frame.comments.append(line[1:].strip())
-        elif line.startswith("event:"):
-            frame.event = line.partition(":")[2].strip()
-        elif line.startswith("data:"):
-            frame.data = line.partition(":")[2].strip()
-    raise AssertionError("the stream ended before its first frame")
-
-
 async def stream_first_frame(
     client: httpx.AsyncClient, url: str, origin: str, params: dict[str, Any]
-) -> tuple[httpx.Response, FirstFrame]:
-    """Open a stream, read its first frame within 10 s, and close it."""
-
-    async def read() -> tuple[httpx.Response, FirstFrame]:
-        async with client.stream(
-            "GET",
-            url,
-            params=params,
-            headers={"Origin": origin, "Accept": "text/event-stream"},
-        ) as response:
-            assert response.status_code == 200, await response.aread()
-            return response, await first_frame(response)
-
-    return await asyncio.wait_for(read(), 10)
-
-
-async def wait_idle(
-    client: httpx.AsyncClient, sid: str, headers: dict[str, str] | None = None
-) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        response = await client.get(f"/v1/sessions/{sid}", headers=headers)
-        assert response.status_code == 200, response.text
-        if response.json()["status"] == "idle":
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"session {sid} never idled")
+) -> tuple[httpx.Response, Frame]:
+    """Open a stream, read its first frame (an event, or comment lines) within 10 s,
+    and close it."""
+    async with open_stream(
+        client, url, params=params, headers={"Origin": origin}
+    ) as stream:
+        assert stream.status_code == 200, stream.response.text
+        frame = await stream.next(10)
+    assert frame is not None, "the stream ended before its first frame"
+    return stream.response, frame
 
 
 async def test_both_streams_answer_the_allowed_origin(
@@ -371,12 +282,8 @@ async def test_both_streams_answer_the_allowed_origin(
         async with httpx.AsyncClient(
             base_url=server.url, timeout=httpx.Timeout(10, read=None)
         ) as client:
-            sid = await make_session(client)
-            posted = await client.post(
-                f"/v1/sessions/{sid}/messages",
-                json={"message": {"content": [{"type": "text", "text": "hi"}]}},
-            )
-            assert posted.status_code == 201, posted.text
+            sid = await create_session(client, "cors")
+            await post_message(client, sid, "hi")
             await wait_idle(client, sid)
             streams: list[tuple[str, dict[str, Any], str]] = [
                 (f"/v1/sessions/{sid}/sse", {}, "connected"),
@@ -406,47 +313,20 @@ async def test_both_streams_answer_the_allowed_origin(
 # ---- logs ------------------------------------------------------------------------------
 
 
-async def run_cli(database_url: str, *args: str) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "app",
-        *args,
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": database_url},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode is not None
-    return process.returncode, stdout.decode(), stderr.decode()
-
-
-async def create_cli_key(database_url: str, org: str) -> str:
-    code, out, err = await run_cli(
-        database_url, "keys", "create", "--org", org, "--name", "logs"
-    )
-    assert code == 0, err
-    key = out.strip()
-    assert re.fullmatch(r"evm_[0-9a-f]{64}", key), out
-    assert key not in err
-    return key
-
-
 async def test_cli_shows_a_key_once_and_never_lists_it(settings: Settings) -> None:
     url = settings.database_url
-    key = await create_cli_key(url, f"org_{uuid.uuid4().hex}")
-    code, out, err = await run_cli(url, "keys", "list")
-    assert code == 0, err
-    assert key[:12] in out
-    assert key not in out + err
-    assert key[12:] not in out + err
-    code, out, err = await run_cli(url, "keys", "revoke", key)
-    assert code == 0, err
-    assert key not in out + err
-    code, out, err = await run_cli(url, "keys", "list")
-    assert "revoked" in out
-    assert key not in out + err
+    key = await create_cli_key(url, f"org_{uuid.uuid4().hex}", "logs")
+    listed = await run_cli(url, "keys", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert key[:12] in listed.stdout
+    assert key not in listed.stdout + listed.stderr
+    assert key[12:] not in listed.stdout + listed.stderr
+    revoked = await run_cli(url, "keys", "revoke", key)
+    assert revoked.returncode == 0, revoked.stderr
+    assert key not in revoked.stdout + revoked.stderr
+    listed = await run_cli(url, "keys", "list")
+    assert "revoked" in listed.stdout
+    assert key not in listed.stdout + listed.stderr
 
 
 async def test_server_log_holds_no_keys_or_message_text(
@@ -454,17 +334,17 @@ async def test_server_log_holds_no_keys_or_message_text(
 ) -> None:
     url = settings.database_url
     org = f"org_{uuid.uuid4().hex}"
-    key = await create_cli_key(url, org)
-    revoked = await create_cli_key(url, org)
-    code, _, err = await run_cli(url, "keys", "revoke", revoked)
-    assert code == 0, err
+    key = await create_cli_key(url, org, "logs")
+    revoked = await create_cli_key(url, org, "logs")
+    result = await run_cli(url, "keys", "revoke", revoked)
+    assert result.returncode == 0, result.stderr
     wrong = "evm_" + uuid.uuid4().hex + uuid.uuid4().hex
     secret_text = f"secret-message-text-{uuid.uuid4().hex}"
     secret_title = f"secret-title-{uuid.uuid4().hex}"
     default_level = Settings.model_fields["log_level"].default
     assert default_level == "info"
     server = await start_own_server(url, tmp_path, LOG_LEVEL=default_level)
-    bearer = {"Authorization": f"Bearer {key}"}
+    bearer = auth(key)
     bare = {"Authorization": key}
     results: list[tuple[str, int, str]] = []  # (label, status, request id)
     try:
@@ -502,7 +382,7 @@ async def test_server_log_holds_no_keys_or_message_text(
                 ),
             )
             if posted.status_code == 201:
-                await wait_idle(client, sid, bearer)
+                await wait_idle(client, sid, headers=bearer)
             await record(
                 "list",
                 await client.get(f"/v1/sessions/{sid}/messages", headers=bearer),
@@ -558,9 +438,7 @@ async def test_server_log_holds_no_keys_or_message_text(
             )
             await record(
                 "wrong key",
-                await client.get(
-                    "/v1/sessions", headers={"Authorization": f"Bearer {wrong}"}
-                ),
+                await client.get("/v1/sessions", headers=auth(wrong)),
             )
             await record(
                 "revoked key",

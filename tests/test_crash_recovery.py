@@ -9,11 +9,7 @@ client that reconnects with the cursor it had converges to `GET .../messages`.
 """
 
 import asyncio
-import contextlib
-import json
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,147 +17,21 @@ import httpx
 
 from app.settings import Settings
 from tests.conftest import Server, start_server
+from tests.helpers import (
+    TURN_EVENTS,
+    create_session,
+    get_session,
+    list_events,
+    list_messages,
+    post_message,
+    text_of,
+    wait_idle,
+    wait_until,
+)
+from tests.sse_client import Frame, SSEReader, merge_snapshots
 
 TEST_DEADLINE = 90.0
 WAIT = 15.0
-
-
-# ---- a small SSE client ---------------------------------------------------------------
-
-
-@dataclass
-class Frame:
-    event: str
-    data: str
-    id: str | None
-
-    def json(self) -> Any:
-        return json.loads(self.data)
-
-
-@dataclass
-class SSEReader:
-    """Reads one SSE response in a background task and records every frame."""
-
-    client: httpx.AsyncClient
-    url: str
-    frames: list[Frame] = field(default_factory=list)
-    status: int | None = None
-    error: BaseException | None = None
-    ended: bool = False
-    _task: asyncio.Task[None] | None = None
-    _opened: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def start(self) -> "SSEReader":
-        self._task = asyncio.create_task(self._run())
-        async with asyncio.timeout(WAIT):
-            await self._opened.wait()
-        assert self.status == 200, f"{self.url}: status {self.status} ({self.error})"
-        return self
-
-    async def _run(self) -> None:
-        try:
-            async with self.client.stream(
-                "GET", self.url, timeout=httpx.Timeout(10.0, read=30.0)
-            ) as response:
-                self.status = response.status_code
-                self._opened.set()
-                event, data, frame_id = "", [], None
-                async for line in response.aiter_lines():
-                    if line == "":
-                        if data or event:
-                            self.frames.append(
-                                Frame(event or "message", "\n".join(data), frame_id)
-                            )
-                        event, data, frame_id = "", [], None
-                    elif line.startswith(":"):
-                        continue
-                    else:
-                        name, _, value = line.partition(":")
-                        value = value.removeprefix(" ")
-                        if name == "event":
-                            event = value
-                        elif name == "data":
-                            data.append(value)
-                        elif name == "id":
-                            frame_id = value
-        except httpx.HTTPError as exc:
-            self.error = exc
-        finally:
-            self.ended = True
-            self._opened.set()
-
-    async def wait_for(
-        self, predicate: Callable[[list[Frame]], bool], what: str, within: float = WAIT
-    ) -> None:
-        deadline = time.monotonic() + within
-        while not predicate(self.frames):
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"timed out after {within}s waiting for {what}; "
-                    f"{len(self.frames)} frames: {[f.event for f in self.frames][-20:]}"
-                )
-            await asyncio.sleep(0.02)
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-
-# ---- helpers ---------------------------------------------------------------------------
-
-
-async def wait_until(
-    check: Callable[[], Awaitable[bool]], what: str, within: float = WAIT
-) -> None:
-    deadline = time.monotonic() + within
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-async def post_text(client: httpx.AsyncClient, sid: str, text: str) -> dict[str, Any]:
-    response = await client.post(
-        f"/v1/sessions/{sid}/messages",
-        json={"message": {"role": "user", "content": [{"type": "text", "text": text}]}},
-    )
-    assert response.status_code == 201, response.text
-    body: dict[str, Any] = response.json()
-    return body
-
-
-async def list_events(client: httpx.AsyncClient, sid: str) -> list[dict[str, Any]]:
-    response = await client.get(f"/v1/sessions/{sid}/events")
-    assert response.status_code == 200, response.text
-    data: list[dict[str, Any]] = response.json()["data"]
-    return data
-
-
-async def list_messages(client: httpx.AsyncClient, sid: str) -> dict[str, Any]:
-    response = await client.get(f"/v1/sessions/{sid}/messages")
-    assert response.status_code == 200, response.text
-    page: dict[str, Any] = response.json()
-    return page
-
-
-async def get_session(client: httpx.AsyncClient, sid: str) -> dict[str, Any]:
-    response = await client.get(f"/v1/sessions/{sid}")
-    assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
-
-
-def merge(state: dict[str, dict[str, Any]], frames: list[Frame]) -> None:
-    """The seed's client rule: keep the newest revision of each message snapshot."""
-    for frame in frames:
-        if frame.event == "message":
-            message = frame.json()["message"]
-            current = state.get(message["id"])
-            if current is None or message["revision"] > current["revision"]:
-                state[message["id"]] = message
 
 
 def last_cursor(frames: list[Frame]) -> int:
@@ -178,14 +48,6 @@ def deltas_for(frames: list[Frame], message_id: str) -> list[dict[str, Any]]:
     ]
 
 
-def text_of(message: dict[str, Any]) -> str:
-    return "".join(p.get("text", "") for p in message["content"] if p["type"] == "text")
-
-
-async def start(database_url: str, tmp_path: Path, **env: str) -> Server:
-    return await asyncio.to_thread(start_server, database_url, tmp_path, **env)
-
-
 # ---- the test ----------------------------------------------------------------------------
 
 
@@ -196,12 +58,12 @@ async def test_sigkill_mid_stream_is_recovered_on_restart(
     readers: list[SSEReader] = []
     try:
         async with asyncio.timeout(TEST_DEADLINE):
-            first = await start(settings.database_url, tmp_path, SCRIPTED_DELAY_MS="20")
+            first = await asyncio.to_thread(
+                start_server, settings.database_url, tmp_path, SCRIPTED_DELAY_MS="20"
+            )
             servers.append(first)
             async with httpx.AsyncClient(base_url=first.url, timeout=10) as client:
-                created = await client.post("/v1/sessions", json={"title": "crash"})
-                assert created.status_code == 201, created.text
-                sid = created.json()["id"]
+                sid = await create_session(client, "crash")
 
                 # A client of the seed: the Mutation stream from the very beginning, and
                 # upstream's event stream replaying everything.
@@ -213,7 +75,9 @@ async def test_sigkill_mid_stream_is_recovered_on_restart(
                 ).start()
                 readers += [mutations, upstream]
 
-                posted = await post_text(client, sid, "/scenario long 200")
+                posted = await post_message(
+                    client, sid, "/scenario long 200", role="user"
+                )
                 assert posted["delivery"] == "started"
                 turn_id = posted["turn_id"]
 
@@ -246,12 +110,7 @@ async def test_sigkill_mid_stream_is_recovered_on_restart(
 
             assert first.process.returncode is not None
             assert first.process.returncode < 0  # died of a signal, no clean-up ran
-            assert [e["type"] for e in events_before] == [
-                "input.message",
-                "session.activated",
-                "turn.started",
-                "output.message.started",
-            ]
+            assert [e["type"] for e in events_before] == TURN_EVENTS[:4]
             agent_before = next(m for m in page_before["data"] if m["id"] == agent_id)
             assert agent_before["state"] == "streaming", "the kill was not mid-stream"
             assert agent_before["content"] == []  # deltas are never written
@@ -267,21 +126,19 @@ async def test_sigkill_mid_stream_is_recovered_on_restart(
                 await reader.close()
             cursor = last_cursor(mutations.frames)
             client_state: dict[str, dict[str, Any]] = {}
-            merge(client_state, mutations.frames)
+            merge_snapshots(client_state, mutations.frames)
             assert client_state[agent_id]["state"] == "streaming"
             seen_events = [f for f in upstream.frames if f.id is not None]
             assert [f.json()["sequence"] for f in seen_events] == [1, 2, 3, 4]
 
-            second = await start(settings.database_url, tmp_path, SCRIPTED_DELAY_MS="5")
+            second = await asyncio.to_thread(
+                start_server, settings.database_url, tmp_path, SCRIPTED_DELAY_MS="5"
+            )
             servers.append(second)
             async with httpx.AsyncClient(base_url=second.url, timeout=10) as client:
-
-                async def idle() -> bool:
-                    return (await get_session(client, sid))["status"] == "idle"
-
                 # SQLite recovers at start-up; PostgreSQL at start-up or, if the turn
                 # looked recent, within a sweep or two.
-                await wait_until(idle, "the session to idle after restart")
+                await wait_idle(client, sid, within=WAIT)
                 recovered_after = time.monotonic() - kill_time
                 assert recovered_after < WAIT
 
@@ -358,7 +215,7 @@ async def test_sigkill_mid_stream_is_recovered_on_restart(
 
                 def converged(frames: list[Frame]) -> bool:
                     state = dict(client_state)
-                    merge(state, frames)
+                    merge_snapshots(state, frames)
                     ordered = sorted(state.values(), key=lambda m: m["sequence"])
                     return ordered == page["data"]
 
@@ -375,7 +232,9 @@ async def test_sigkill_mid_stream_is_recovered_on_restart(
                 await resumed_sse.close()
 
                 # The session works again: a new message starts a turn that completes.
-                again = await post_text(client, sid, "hello after the crash")
+                again = await post_message(
+                    client, sid, "hello after the crash", role="user"
+                )
                 assert again["delivery"] == "started"
                 assert again["turn_id"] != turn_id
                 new_turn = again["turn_id"]
@@ -394,15 +253,7 @@ async def test_sigkill_mid_stream_is_recovered_on_restart(
                     range(1, len(events_now) + 1)
                 )
                 new_types = [e["type"] for e in events_now[len(events) :]]
-                assert new_types == [
-                    "input.message",
-                    "session.activated",
-                    "turn.started",
-                    "output.message.started",
-                    "output.message.completed",
-                    "turn.completed",
-                    "session.idled",
-                ]
+                assert new_types == TURN_EVENTS
                 final = await list_messages(client, sid)
                 assert final["total"] == 4
                 reply = final["data"][-1]

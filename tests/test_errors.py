@@ -1,14 +1,10 @@
 """Error paths: every failure is an RFC 9457 problem+json body with upstream's texts, and a
 rejected request leaves the database exactly as it was."""
 
-import asyncio
 import logging
-import re
-import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from http import HTTPStatus
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -21,12 +17,22 @@ import app.messages.checkpoint
 import app.sessions.service
 from app.db import models
 from tests.conftest import Running
+from tests.helpers import (
+    ERROR_TYPE_BASE,
+    assert_problem,
+    create_session,
+    list_events,
+    post_message,
+    table_rows,
+    text_body,
+    uuid_of,
+    wait_idle,
+    wait_until,
+)
 
-PROBLEM_JSON = "application/problem+json"
-ERROR_TYPE_BASE = "https://docs.everruns.com/errors/"
 HEX32 = "0123456789abcdef0123456789abcdef"
 UNKNOWN_SESSION = "session_" + uuid.UUID(int=0xDEAD).hex
-TEXT_BODY = {"message": {"content": [{"type": "text", "text": "hi"}]}}
+TEXT_BODY = text_body("hi")
 
 # Every route scoped to a session: (method, path after the session id, JSON body).
 SESSION_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
@@ -68,114 +74,6 @@ def malformed_ids(prefix: str) -> list[tuple[str, str]]:
 # ---- helpers -------------------------------------------------------------------------
 
 
-def find_nulls(value: Any, path: str = "$") -> list[str]:
-    if value is None:
-        return [path]
-    if isinstance(value, dict):
-        return [n for k, v in value.items() for n in find_nulls(v, f"{path}.{k}")]
-    if isinstance(value, list):
-        return [n for i, v in enumerate(value) for n in find_nulls(v, f"{path}[{i}]")]
-    return []
-
-
-def assert_problem(
-    response: httpx.Response,
-    status: int,
-    *,
-    detail: str | None = None,
-    code: str | None = None,
-) -> dict[str, Any]:
-    """The response is problem+json with `title` and `status`, no null fields, and the
-    optional members consistent with each other."""
-    context = f"{response.request.method} {response.request.url} -> {response.status_code} {response.text}"
-    assert response.status_code == status, context
-    media_type = response.headers["content-type"].split(";")[0].strip()
-    assert media_type == PROBLEM_JSON, context
-    body = response.json()
-    assert isinstance(body, dict), context
-    assert body["title"] == HTTPStatus(status).phrase, context
-    assert body["status"] == status, context
-    assert find_nulls(body) == [], context
-    assert "Traceback" not in response.text, context
-    if "detail" in body:
-        assert isinstance(body["detail"], str) and body["detail"], context
-    if "code" in body:
-        assert re.fullmatch(r"[a-z][a-z0-9_]*", body["code"]), context
-        assert body.get("type") == ERROR_TYPE_BASE + body["code"], context
-    if "instance" in body:
-        assert body["instance"] == response.request.url.path, context
-    if detail is not None:
-        assert body.get("detail") == detail, context
-    if code is not None:
-        assert body.get("code") == code, context
-    assert re.fullmatch(r"[0-9a-f]{32}", response.headers["x-request-id"]), context
-    return body
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    sessions: int
-    messages: int
-    events: int
-    api_keys: int
-    session_rows: dict[uuid.UUID, tuple[Any, ...]] = field(default_factory=dict)
-    message_rows: dict[uuid.UUID, tuple[Any, ...]] = field(default_factory=dict)
-
-
-async def snapshot(running: Running) -> Snapshot:
-    """Row counts and the mutable columns of every session and message."""
-    database = running.app.state.app.database
-    async with database.read() as db:
-
-        async def count(model: type[models.Base]) -> int:
-            return int(await db.scalar(select(func.count()).select_from(model)) or 0)
-
-        sessions = await db.execute(
-            select(
-                models.Session.id,
-                models.Session.last_sequence,
-                models.Session.status,
-                models.Session.title,
-                models.Session.tags,
-                models.Session.updated_at,
-                models.Session.active_turn_id,
-                models.Session.cancel_requested_at,
-                models.Session.visible_message_count,
-                models.Session.internal_message_count,
-            )
-        )
-        messages = await db.execute(
-            select(
-                models.Message.id,
-                models.Message.revision,
-                models.Message.state,
-                models.Message.snapshot,
-            )
-        )
-        return Snapshot(
-            sessions=await count(models.Session),
-            messages=await count(models.Message),
-            events=await count(models.Event),
-            api_keys=await count(models.ApiKey),
-            session_rows={row[0]: tuple(row[1:]) for row in sessions.all()},
-            message_rows={row[0]: tuple(row[1:]) for row in messages.all()},
-        )
-
-
-async def wait_idle(
-    client: httpx.AsyncClient, sid: str, within: float = 20.0
-) -> dict[str, Any]:
-    deadline = time.monotonic() + within
-    while True:
-        response = await client.get(f"/v1/sessions/{sid}")
-        assert response.status_code == 200, response.text
-        body: dict[str, Any] = response.json()
-        if body["status"] == "idle":
-            return body
-        assert time.monotonic() < deadline, f"session {sid} never idled: {body}"
-        await asyncio.sleep(0.02)
-
-
 @dataclass
 class World:
     """Two idle sessions, each with one finished turn."""
@@ -196,17 +94,11 @@ class World:
 async def session_with_turn(
     client: httpx.AsyncClient, text: str
 ) -> tuple[str, str, str]:
-    created = await client.post("/v1/sessions", json={"title": text})
-    assert created.status_code == 201, created.text
-    sid = created.json()["id"]
-    posted = await client.post(
-        f"/v1/sessions/{sid}/messages",
-        json={"message": {"content": [{"type": "text", "text": text}]}},
-    )
-    assert posted.status_code == 201, posted.text
+    sid = await create_session(client, text)
+    posted = await post_message(client, sid, text)
     await wait_idle(client, sid)
-    events = (await client.get(f"/v1/sessions/{sid}/events")).json()["data"]
-    return sid, posted.json()["id"], events[0]["id"]
+    events = await list_events(client, sid)
+    return sid, posted["id"], events[0]["id"]
 
 
 @pytest.fixture
@@ -238,9 +130,10 @@ async def request(
 async def assert_unchanged(
     world: World, call: Callable[[], Awaitable[httpx.Response]]
 ) -> httpx.Response:
-    before = await snapshot(world.running)
+    database = world.running.app.state.app.database
+    before = await table_rows(database)
     response = await call()
-    after = await snapshot(world.running)
+    after = await table_rows(database)
     assert after == before, (
         f"{response.request.method} {response.request.url} -> {response.status_code} "
         "changed the database"
@@ -377,7 +270,7 @@ async def test_deleted_session_is_404_on_every_route(world: World) -> None:
     deleted = await world.client.delete(f"/v1/sessions/{world.sid}")
     assert deleted.status_code == 204
     assert deleted.content == b""
-    session_id = uuid.UUID(hex=world.sid.removeprefix("session_"))
+    session_id = uuid_of(world.sid)
     database = world.running.app.state.app.database
     async with database.read() as db:
         for model in (models.Message, models.Event):
@@ -411,20 +304,16 @@ async def test_session_deleted_mid_turn_stays_gone(world: World) -> None:
     client = world.client
     created = await client.post("/v1/sessions", json={})
     sid = created.json()["id"]
-    posted = await client.post(
-        f"/v1/sessions/{sid}/messages",
-        json={"message": {"content": [{"type": "text", "text": "/scenario long 200"}]}},
-    )
-    assert posted.status_code == 201
+    await post_message(client, sid, "/scenario long 200")
     assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 204
-    session_id = uuid.UUID(hex=sid.removeprefix("session_"))
+    session_id = uuid_of(sid)
     runner = world.running.app.state.app.runner
-    deadline = time.monotonic() + 20
-    while session_id in runner.tasks:
-        assert time.monotonic() < deadline, (
-            "the runner never let go of the deleted session"
-        )
-        await asyncio.sleep(0.02)
+    await wait_until(
+        lambda: session_id not in runner.tasks,
+        "the runner to let go of the deleted session",
+        within=20,
+        interval=0.02,
+    )
     database = world.running.app.state.app.database
     async with database.read() as db:
         for model in (models.Session, models.Message, models.Event):
@@ -835,7 +724,7 @@ async def test_failure_after_writes_rolls_everything_back(
         lambda: world.client.post(f"/v1/sessions/{world.sid}/messages", json=TEXT_BODY),
     )
     assert_problem(response, 500, detail="Internal server error", code="internal_error")
-    session_id = uuid.UUID(hex=world.sid.removeprefix("session_"))
+    session_id = uuid_of(world.sid)
     assert session_id not in world.running.app.state.app.runner.tasks
     monkeypatch.undo()
     # The session still works, and its sequence continues without a gap.

@@ -1,16 +1,8 @@
 """Polling clients get 304 from the messages list until the session changes."""
 
-import asyncio
-
 import httpx
 
-
-async def _idle(client: httpx.AsyncClient, sid: str) -> None:
-    for _ in range(200):
-        if (await client.get(f"/v1/sessions/{sid}")).json()["status"] == "idle":
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("turn did not finish")
+from tests.helpers import wait_idle
 
 
 async def test_list_messages_if_none_match_returns_304_until_a_checkpoint(
@@ -19,7 +11,7 @@ async def test_list_messages_if_none_match_returns_304_until_a_checkpoint(
     sid = (await client.post("/v1/sessions", json={})).json()["id"]
     body = {"message": {"content": [{"type": "text", "text": "one two"}]}}
     await client.post(f"/v1/sessions/{sid}/messages", json=body)
-    await _idle(client, sid)
+    await wait_idle(client, sid, within=5)
 
     first = await client.get(f"/v1/sessions/{sid}/messages")
     etag = first.headers["etag"]
@@ -34,7 +26,7 @@ async def test_list_messages_if_none_match_returns_304_until_a_checkpoint(
     assert other_page.status_code == 200
 
     await client.post(f"/v1/sessions/{sid}/messages", json=body)
-    await _idle(client, sid)
+    await wait_idle(client, sid, within=5)
     changed = await client.get(
         f"/v1/sessions/{sid}/messages", headers={"If-None-Match": etag}
     )

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, settings, strategies as st
 from schemathesis.core.failures import Failure
 
 from app.schemas import MAX_INT32
-from tests.conftest import LANES, Server, _truncate, start_server
+from tests.conftest import LANES, Server, start_server, truncate
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = ROOT / "openapi" / "openapi.json"
@@ -62,7 +62,7 @@ def fuzz_server(
         url = f"sqlite+aiosqlite:///{tmp / 'fuzz.db'}"
     else:
         url = request.getfixturevalue("pg_database")
-        asyncio.run(_truncate(url))
+        asyncio.run(truncate(url))
     srv = start_server(
         url,
         tmp,

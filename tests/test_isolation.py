@@ -4,7 +4,6 @@ exist), leaks none of its data, and changes none of its rows."""
 
 import asyncio
 import re
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -20,21 +19,23 @@ from app.db.session import Database
 from app.main import create_app
 from app.settings import Settings
 from tests.conftest import test_settings as make_settings
+from tests.helpers import (
+    Rows,
+    assert_problem,
+    auth,
+    running_app,
+    table_rows,
+    text_body,
+    uuid_of,
+    wait_idle,
+)
+from tests.sse_client import parse
 
-PROBLEM_JSON = "application/problem+json"
 ORG_A = uuid.UUID(hex="a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0")
 ORG_B = uuid.UUID(hex="b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1")
 PREFIXES = ("/v1", "/api/v1")
 REQUEST_TIMEOUT = 20.0
 ID_PATTERN = re.compile(r"\b[a-z]+_([0-9a-f]{32})\b")
-
-
-def auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def text_body(text: str, **extra: Any) -> dict[str, Any]:
-    return {"message": {"content": [{"type": "text", "text": text}]}, **extra}
 
 
 @dataclass
@@ -65,19 +66,6 @@ class Tenants:
         return ids
 
 
-async def wait_idle(
-    client: httpx.AsyncClient, key: str, sid: str, within: float = 20.0
-) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        response = await client.get(f"/v1/sessions/{sid}", headers=auth(key))
-        assert response.status_code == 200, response.text
-        if response.json()["status"] == "idle":
-            return
-        assert time.monotonic() < deadline, f"session {sid} never idled"
-        await asyncio.sleep(0.02)
-
-
 async def make_b_session(
     client: httpx.AsyncClient, key: str, index: int
 ) -> tuple[str, list[str], list[str], str, list[str]]:
@@ -100,7 +88,7 @@ async def make_b_session(
         headers=auth(key),
     )
     assert posted.status_code == 201, posted.text
-    await wait_idle(client, key, sid)
+    await wait_idle(client, sid, headers=auth(key))
     messages = await client.get(
         f"/v1/sessions/{sid}/messages",
         params={"limit": 200, "include_internal": "true"},
@@ -123,74 +111,48 @@ async def tenants(settings: Settings) -> AsyncIterator[Tenants]:
     """Keys for organizations A and B (no auth cache, so every request resolves its key),
     two idle sessions of B's with a finished turn each, and one session of A's."""
     # Streams that open by mistake end on their own within about a second.
-    app = create_app(
-        make_settings(
-            settings.database_url, auth_cache_seconds=0.0, sse_cycle_seconds=1.0
-        )
+    isolated = make_settings(
+        settings.database_url, auth_cache_seconds=0.0, sse_cycle_seconds=1.0
     )
-    async with app.router.lifespan_context(app):
-        database: Database = app.state.app.database
+    async with running_app(isolated) as running:
+        client = running.client
+        database: Database = running.app.state.app.database
         async with database.write() as db:
             _, key_a = await create_key(db, organization_id=ORG_A, name="a")
             _, key_b = await create_key(db, organization_id=ORG_B, name="b")
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://test"
-        ) as client:
-            b_sessions: list[str] = []
-            b_messages: dict[str, list[str]] = {}
-            b_events: dict[str, list[str]] = {}
-            b_cmids: dict[str, str] = {}
-            secrets: list[str] = []
-            for index in range(2):
-                sid, mids, eids, cmid, strings = await make_b_session(
-                    client, key_b, index
-                )
-                b_sessions.append(sid)
-                b_messages[sid] = mids
-                b_events[sid] = eids
-                b_cmids[sid] = cmid
-                secrets.extend(strings)
-            created = await client.post(
-                "/v1/sessions", json={"title": "a-own"}, headers=auth(key_a)
-            )
-            assert created.status_code == 201, created.text
-            yield Tenants(
-                client=client,
-                database=database,
-                key_a=key_a,
-                key_b=key_b,
-                a_session=created.json()["id"],
-                b_sessions=b_sessions,
-                b_messages=b_messages,
-                b_events=b_events,
-                b_client_message_ids=b_cmids,
-                b_secrets=secrets,
-            )
-
-
-Rows = dict[str, list[tuple[Any, ...]]]
-
-
-async def snapshot(database: Database) -> Rows:
-    """Every row of every table, ordered: equal snapshots mean nothing was written."""
-    tables = {
-        "sessions": (models.Session, models.Session.id),
-        "messages": (models.Message, models.Message.id),
-        "events": (models.Event, models.Event.id),
-        "api_keys": (models.ApiKey, models.ApiKey.id),
-    }
-    out: Rows = {}
-    async with database.read() as db:
-        for name, (model, key) in tables.items():
-            result = await db.execute(select(*model.__table__.columns).order_by(key))
-            out[name] = [tuple(row) for row in result.all()]
-    return out
+        b_sessions: list[str] = []
+        b_messages: dict[str, list[str]] = {}
+        b_events: dict[str, list[str]] = {}
+        b_cmids: dict[str, str] = {}
+        secrets: list[str] = []
+        for index in range(2):
+            sid, mids, eids, cmid, strings = await make_b_session(client, key_b, index)
+            b_sessions.append(sid)
+            b_messages[sid] = mids
+            b_events[sid] = eids
+            b_cmids[sid] = cmid
+            secrets.extend(strings)
+        created = await client.post(
+            "/v1/sessions", json={"title": "a-own"}, headers=auth(key_a)
+        )
+        assert created.status_code == 201, created.text
+        yield Tenants(
+            client=client,
+            database=database,
+            key_a=key_a,
+            key_b=key_b,
+            a_session=created.json()["id"],
+            b_sessions=b_sessions,
+            b_messages=b_messages,
+            b_events=b_events,
+            b_client_message_ids=b_cmids,
+            b_secrets=secrets,
+        )
 
 
 async def b_snapshot(database: Database) -> Rows:
     """Organization B's rows only: its sessions and their messages and events."""
-    rows = await snapshot(database)
+    rows = await table_rows(database)
     b_ids = {row[0] for row in rows["sessions"] if row[1] == ORG_B}
     session_columns = [c.name for c in models.Session.__table__.columns]
     assert session_columns[:2] == ["id", "organization_id"]
@@ -226,13 +188,9 @@ def exposed_text(response: httpx.Response) -> str:
 
 
 def assert_not_found(response: httpx.Response, code: str) -> dict[str, Any]:
-    context = f"{response.request.method} {response.request.url} -> {response.status_code} {response.text}"
-    assert response.status_code == 404, context
-    assert response.headers["content-type"].split(";")[0] == PROBLEM_JSON, context
-    body: dict[str, Any] = response.json()
-    assert body["status"] == 404, context
-    assert body["title"] == "Not Found", context
-    assert body.get("code") == code, context
+    """A 404 problem with `code`, and none of the headers a found resource carries."""
+    body = assert_problem(response, 404, code=code)
+    context = f"{response.request.method} {response.request.url}: {response.headers}"
     assert "location" not in response.headers, context
     assert "x-total-count" not in response.headers, context
     assert "etag" not in response.headers, context
@@ -443,7 +401,7 @@ async def test_other_organizations_session_is_404_on_every_route(
         _, method, path, body, params, extra = matching[0]
         for prefix in PREFIXES:
             for headers in a_credentials(tenants):
-                before = await snapshot(tenants.database)
+                before = await table_rows(tenants.database)
                 response = await call(
                     client,
                     method,
@@ -452,7 +410,7 @@ async def test_other_organizations_session_is_404_on_every_route(
                     json=body,
                     params=params,
                 )
-                after = await snapshot(tenants.database)
+                after = await table_rows(tenants.database)
                 problem = assert_not_found(response, "session_not_found")
                 assert_no_leak(response, tenants)
                 assert problem.get("instance") == prefix + path
@@ -551,7 +509,7 @@ async def test_cancel_and_steer_from_another_organization_do_not_touch_a_running
     )
     assert posted.status_code == 201, posted.text
     assert posted.json()["delivery"] == "started"
-    session_uuid = uuid.UUID(hex=sid.split("_", 1)[1])
+    session_uuid = uuid_of(sid)
 
     async def turn_state() -> tuple[Any, Any, int]:
         async with tenants.database.read() as db:
@@ -600,7 +558,7 @@ async def test_cancel_and_steer_from_another_organization_do_not_touch_a_running
             f"/v1/sessions/{sid}/cancel", headers=auth(tenants.key_b)
         )
         assert cancelled.status_code == 200, cancelled.text
-        await wait_idle(client, tenants.key_b, sid)
+        await wait_idle(client, sid, headers=auth(tenants.key_b))
     assert cancelled.json()["status"] == "cancelled"
 
 
@@ -689,7 +647,7 @@ async def test_guessed_session_ids_are_404_for_every_key(tenants: Tenants) -> No
     client = tenants.client
     guesses = guessed_session_ids(tenants)
     assert not set(guesses) & set(tenants.b_sessions)
-    before = await snapshot(tenants.database)
+    before = await table_rows(tenants.database)
     for sid in guesses:
         for key in (tenants.key_a, tenants.key_b):
             for method, suffix, body in [
@@ -718,7 +676,7 @@ async def test_guessed_session_ids_are_404_for_every_key(tenants: Tenants) -> No
                 assert_not_found(response, "session_not_found")
                 if key == tenants.key_a:
                     assert_no_leak(response, tenants)
-    assert await snapshot(tenants.database) == before
+    assert await table_rows(tenants.database) == before
 
 
 async def test_guessed_message_ids_in_own_session_are_404(tenants: Tenants) -> None:
@@ -758,11 +716,7 @@ async def test_guessed_message_ids_in_own_session_are_404(tenants: Tenants) -> N
 
 def stream_events(response: httpx.Response) -> list[str]:
     """The `event:` names of a finished event stream (comments are timing, not data)."""
-    return [
-        line.partition(":")[2].strip()
-        for line in response.text.splitlines()
-        if line.startswith("event:")
-    ]
+    return [f.event for f in parse(response.text) if f.event is not None]
 
 
 async def test_other_organizations_event_id_as_cursor_reveals_nothing(

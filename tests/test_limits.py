@@ -2,8 +2,6 @@
 request writes nothing. Limits come from settings, so the tests run with small ones."""
 
 import asyncio
-import functools
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,17 +12,25 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from sqlalchemy import select
 
 from app.auth import create_key
-from app.db import models
 from app.db.session import Database
 from app.main import create_app
 from app.settings import Settings
-from tests.conftest import Server, start_server, test_settings as make_settings
+from tests.conftest import test_settings as make_settings
+from tests.helpers import (
+    assert_problem,
+    assert_too_many,
+    auth,
+    create_session,
+    post_message,
+    running_app,
+    start_own_server,
+    table_rows,
+    text_body,
+    wait_idle,
+)
 
-PROBLEM_JSON = "application/problem+json"
-ERROR_TYPE_BASE = "https://docs.everruns.com/errors/"
 MAX_BODY = 4096
 MAX_PARTS = 3
 MAX_TEXT = 100
@@ -39,30 +45,6 @@ SMALL_LIMITS: dict[str, Any] = {
 }
 ORG_1 = uuid.UUID(hex="11111111111111111111111111111111")
 ORG_2 = uuid.UUID(hex="22222222222222222222222222222222")
-
-
-async def start_own_server(database_url: str, tmp_path: Path, **env: str) -> Server:
-    """`start_server` at info level, confirmed to be our process: its /health probe is
-    answered by whatever holds the port, and a free port can be taken by another
-    process (another test run on this machine) before our server binds it. Only our
-    server logs that it bound the port; if it could not, start another."""
-    env = {"LOG_LEVEL": "info", **env}
-    for _ in range(3):
-        server = await asyncio.to_thread(
-            functools.partial(start_server, database_url, tmp_path, None, **env)
-        )
-        bound = f"Uvicorn running on {server.url}"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and server.process.poll() is None:
-            if bound in server.log.read_text(errors="replace"):
-                return server
-            await asyncio.sleep(0.05)
-        await asyncio.to_thread(server.stop)
-    raise AssertionError(f"no server of our own started: {server.log.read_text()}")
-
-
-def text_body(text: str = "hello", **extra: Any) -> dict[str, Any]:
-    return {"message": {"content": [{"type": "text", "text": text}]}, **extra}
 
 
 def parts_body(count: int) -> dict[str, Any]:
@@ -108,37 +90,14 @@ def padded(body: dict[str, Any], total_bytes: int) -> bytes:
     return encoded
 
 
-def assert_problem(
+def assert_refused(
     response: httpx.Response, status: int, code: str | None = None
 ) -> dict[str, Any]:
-    context = f"{response.request.method} {response.request.url} -> {response.status_code} {response.text}"
-    assert response.status_code == status, context
-    assert response.headers["content-type"].split(";")[0] == PROBLEM_JSON, context
-    body: dict[str, Any] = response.json()
-    assert body["status"] == status, context
-    assert isinstance(body["title"], str) and body["title"], context
-    assert isinstance(body.get("detail"), str) and body["detail"], context
-    assert "Traceback" not in response.text, context
-    if code is not None:
-        assert body.get("code") == code, context
-        assert body.get("type") == ERROR_TYPE_BASE + code, context
-    assert body.get("instance") == response.request.url.path, context
-    assert "x-request-id" in response.headers, context
+    """A problem+json refusal that says what was refused (`detail`) and where
+    (`instance`)."""
+    body = assert_problem(response, status, code=code)
+    assert "detail" in body and "instance" in body, response.text
     return body
-
-
-Rows = dict[str, list[tuple[Any, ...]]]
-
-
-async def snapshot(database: Database) -> Rows:
-    """Every row of every table (row counts and contents): equal snapshots, no write."""
-    out: Rows = {}
-    async with database.read() as db:
-        for model in (models.Session, models.Message, models.Event, models.ApiKey):
-            table = model.__table__
-            result = await db.execute(select(*table.columns).order_by(table.c.id))
-            out[model.__tablename__] = [tuple(row) for row in result.all()]
-    return out
 
 
 @dataclass
@@ -160,7 +119,7 @@ class Limited:
         headers: dict[str, str] | None = None,
     ) -> httpx.Response:
         """Send one request and check that the database did not change."""
-        before = await snapshot(self.database)
+        before = await table_rows(self.database)
         assert before["sessions"], "the fixture made a session"
         response = await asyncio.wait_for(
             self.client.request(
@@ -168,38 +127,21 @@ class Limited:
             ),
             20,
         )
-        assert await snapshot(self.database) == before, (
+        assert await table_rows(self.database) == before, (
             f"{method} {url} -> {response.status_code} changed the database"
         )
         return response
 
 
-async def wait_idle(client: httpx.AsyncClient, sid: str, within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        response = await client.get(f"/v1/sessions/{sid}")
-        assert response.status_code == 200, response.text
-        if response.json()["status"] == "idle":
-            return
-        assert time.monotonic() < deadline, f"session {sid} never idled"
-        await asyncio.sleep(0.02)
-
-
 @pytest.fixture
 async def limited(settings: Settings) -> AsyncIterator[Limited]:
-    app = create_app(make_settings(settings.database_url, **SMALL_LIMITS))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://test"
-        ) as client:
-            created = await client.post("/v1/sessions", json={"title": "limits"})
-            assert created.status_code == 201, created.text
-            sid = created.json()["id"]
-            posted = await client.post(f"/v1/sessions/{sid}/messages", json=text_body())
-            assert posted.status_code == 201, posted.text
-            await wait_idle(client, sid)
-            yield Limited(client, app.state.app.database, sid)
+    limits = make_settings(settings.database_url, **SMALL_LIMITS)
+    async with running_app(limits) as running:
+        client = running.client
+        sid = await create_session(client, "limits")
+        await post_message(client, sid, "hello")
+        await wait_idle(client, sid)
+        yield Limited(client, running.app.state.app.database, sid)
 
 
 def body_routes(sid: str) -> list[tuple[str, str, dict[str, Any]]]:
@@ -224,7 +166,7 @@ async def test_body_over_limit_with_content_length_is_413(limited: Limited) -> N
             method, url, content=content, headers={"Content-Type": "application/json"}
         )
         assert response.request.headers["content-length"] == str(MAX_BODY + 1)
-        problem = assert_problem(response, 413, "payload_too_large")
+        problem = assert_refused(response, 413, "payload_too_large")
         assert str(MAX_BODY) in problem["detail"]
     # Far over, and declared without any body arriving (a client announcing a huge upload).
     response = await limited.unchanged(
@@ -233,7 +175,7 @@ async def test_body_over_limit_with_content_length_is_413(limited: Limited) -> N
         content=b"{}" + b" " * (10 * MAX_BODY),
         headers={"Content-Type": "application/json"},
     )
-    assert_problem(response, 413, "payload_too_large")
+    assert_refused(response, 413, "payload_too_large")
 
 
 async def test_body_at_limit_is_accepted(limited: Limited) -> None:
@@ -267,7 +209,7 @@ async def test_chunked_body_over_limit_is_413(limited: Limited) -> None:
         )
         assert "content-length" not in response.request.headers
         assert response.request.headers["transfer-encoding"] == "chunked"
-        problem = assert_problem(response, 413, "payload_too_large")
+        problem = assert_refused(response, 413, "payload_too_large")
         assert str(MAX_BODY) in problem["detail"]
 
 
@@ -303,12 +245,12 @@ async def test_body_limits_hold_on_a_real_server(
             headers = {"Content-Type": "application/json"}
             over = padded({"title": "over"}, MAX_BODY + 1)
             response = await client.post("/v1/sessions", content=over, headers=headers)
-            assert_problem(response, 413, "payload_too_large")
+            assert_refused(response, 413, "payload_too_large")
             response = await client.post(
                 "/v1/sessions", content=chunked(over, 512), headers=headers
             )
             assert response.request.headers["transfer-encoding"] == "chunked"
-            assert_problem(response, 413, "payload_too_large")
+            assert_refused(response, 413, "payload_too_large")
             assert await total() == before
             at_limit = padded({"title": "at limit"}, MAX_BODY)
             response = await client.post(
@@ -342,7 +284,7 @@ async def test_non_json_content_type_is_415(limited: Limited) -> None:
             )
             if content_type is None:
                 assert "content-type" not in response.request.headers
-            assert_problem(response, 415, "unsupported_media_type")
+            assert_refused(response, 415, "unsupported_media_type")
         # A chunked body without a JSON content type is refused the same way.
         response = await limited.unchanged(
             method,
@@ -350,7 +292,7 @@ async def test_non_json_content_type_is_415(limited: Limited) -> None:
             content=chunked(orjson.dumps(body)),
             headers={"Content-Type": "text/plain"},
         )
-        assert_problem(response, 415, "unsupported_media_type")
+        assert_refused(response, 415, "unsupported_media_type")
 
 
 async def test_json_content_type_spellings_are_accepted(limited: Limited) -> None:
@@ -383,7 +325,7 @@ async def test_too_many_content_parts_is_422(limited: Limited) -> None:
     url = f"/v1/sessions/{limited.sid}/messages"
     for count in (MAX_PARTS + 1, MAX_PARTS * 5):
         response = await limited.unchanged("POST", url, json=parts_body(count))
-        problem = assert_problem(response, 422, "validation_error")
+        problem = assert_refused(response, 422, "validation_error")
         assert "message.content" in problem["detail"]
         assert str(MAX_PARTS) in problem["detail"]
     response = await limited.client.post(url, json=parts_body(MAX_PARTS))
@@ -409,7 +351,7 @@ async def test_text_too_long_is_422(limited: Limited) -> None:
         response = await limited.unchanged(
             "POST", url, json={"message": {"content": [part]}}
         )
-        problem = assert_problem(response, 422, "validation_error")
+        problem = assert_refused(response, 422, "validation_error")
         assert where in problem["detail"]
         assert str(MAX_TEXT) in problem["detail"]
     # The offending part is named even when it is not the first one.
@@ -425,7 +367,7 @@ async def test_text_too_long_is_422(limited: Limited) -> None:
             }
         },
     )
-    assert "message.content.1.text" in assert_problem(response, 422)["detail"]
+    assert "message.content.1.text" in assert_refused(response, 422)["detail"]
 
 
 async def test_text_limit_counts_characters_not_bytes(limited: Limited) -> None:
@@ -435,7 +377,7 @@ async def test_text_limit_counts_characters_not_bytes(limited: Limited) -> None:
     assert response.status_code == 201, response.text
     assert response.json()["content"][0]["text"] == wide
     response = await limited.unchanged("POST", url, json=text_body(wide + "a"))
-    assert_problem(response, 422, "validation_error")
+    assert_refused(response, 422, "validation_error")
 
 
 def json_field_cases(sid: str) -> list[tuple[str, str, str]]:
@@ -474,7 +416,7 @@ async def test_json_nested_too_deep_is_422(limited: Limited) -> None:
             {"list": [[[[[[["deep"]]]]]]]},
         ):
             response = await limited.unchanged("POST", url, json=with_json(kind, value))
-            problem = assert_problem(response, 422, "validation_error")
+            problem = assert_refused(response, 422, "validation_error")
             assert problem["detail"].startswith(f"{label}:"), problem
             assert "deeper" in problem["detail"]
 
@@ -483,7 +425,7 @@ async def test_json_too_large_is_422(limited: Limited) -> None:
     for url, kind, label in json_field_cases(limited.sid):
         for value in (sized(MAX_JSON + 1), sized(MAX_BODY // 2)):
             response = await limited.unchanged("POST", url, json=with_json(kind, value))
-            problem = assert_problem(response, 422, "validation_error")
+            problem = assert_refused(response, 422, "validation_error")
             assert problem["detail"].startswith(f"{label}:"), problem
             assert str(MAX_JSON) in problem["detail"]
 
@@ -516,7 +458,7 @@ async def test_too_many_tags_is_422(limited: Limited) -> None:
     ):
         for tags in (["t"] * 101, ["x" * 201]):
             response = await limited.unchanged(method, url, json={"tags": tags})
-            problem = assert_problem(response, 422, "validation_error")
+            problem = assert_refused(response, 422, "validation_error")
             assert problem["detail"].startswith("tags:")
 
 
@@ -557,7 +499,7 @@ async def test_query_values_out_of_range_are_400(limited: Limited) -> None:
             response = await limited.unchanged(
                 "GET", prefix_path, params=params, headers=headers
             )
-            problem = assert_problem(response, 400)
+            problem = assert_refused(response, 400)
             assert name in problem["detail"], (path, params, problem)
 
 
@@ -625,17 +567,15 @@ async def open_mode(settings: Settings) -> AsyncIterator[RateLimited]:
 
 
 def assert_rate_limited(response: httpx.Response) -> int:
-    problem = assert_problem(response, 429, "rate_limited")
-    retry_after = response.headers.get("retry-after")
-    assert retry_after is not None and retry_after.isdigit(), response.headers
-    assert int(retry_after) >= 1
-    assert problem.get("retry_after_seconds") == int(retry_after)
-    return int(retry_after)
+    retry_after = assert_too_many(response, code="rate_limited")
+    problem = assert_refused(response, 429, "rate_limited")
+    assert problem.get("retry_after_seconds") == retry_after
+    return retry_after
 
 
 async def test_rate_limit_per_key(keyed: RateLimited) -> None:
-    one = {"Authorization": f"Bearer {keyed.key_1}"}
-    two = {"Authorization": f"Bearer {keyed.key_2}"}
+    one = auth(keyed.key_1)
+    two = auth(keyed.key_2)
     async with keyed.client() as client:
         for _ in range(3):
             response = await client.get("/v1/sessions", headers=one)
@@ -647,10 +587,10 @@ async def test_rate_limit_per_key(keyed: RateLimited) -> None:
             response = await client.get("/v1/sessions", headers=two)
             assert response.status_code == 200, response.text
         # A refused write writes nothing.
-        before = await snapshot(keyed.database)
+        before = await table_rows(keyed.database)
         response = await client.post("/v1/sessions", json={"title": "x"}, headers=one)
         assert_rate_limited(response)
-        assert await snapshot(keyed.database) == before
+        assert await table_rows(keyed.database) == before
         # /health is never limited.
         for _ in range(5):
             assert (await client.get("/health", headers=one)).status_code == 200
@@ -691,10 +631,10 @@ async def test_rate_limit_per_client_address_in_open_mode(
         for _ in range(3):
             response = await first.get("/v1/sessions")
             assert response.status_code == 200, response.text
-        before = await snapshot(open_mode.database)
+        before = await table_rows(open_mode.database)
         assert_rate_limited(await first.get("/v1/sessions"))
         assert_rate_limited(await first.post("/v1/sessions", json={"title": "x"}))
-        assert await snapshot(open_mode.database) == before
+        assert await table_rows(open_mode.database) == before
         for _ in range(3):
             response = await second.get("/v1/sessions")
             assert response.status_code == 200, response.text

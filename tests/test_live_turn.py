@@ -7,74 +7,40 @@ Plus one generator-level check of the `/sse` contract that `connected` means
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
-import pytest
 
-from tests.conftest import LANES, Running, Server, start_server
-from tests.sse_client import (
-    Frame,
+from tests.conftest import Running
+from tests.helpers import (
+    TOOL_TURN_EVENTS,
+    TURN_EVENTS,
+    api_fixture,
     create_session,
-    events,
-    lane_database_url,
     list_events,
     list_messages,
-    open_stream,
+    live_server_fixture,
     post_message,
+    uuid_of,
     wait_idle,
 )
+from tests.sse_client import (
+    DELTA,
+    Frame,
+    agent_done,
+    durable,
+    events,
+    expect_connected,
+    is_idled,
+    open_stream,
+    session_streams,
+)
 
-DELTA = "output.message.delta"
-TURN_ORDER = [
-    "input.message",
-    "session.activated",
-    "turn.started",
-    "output.message.started",
-    "output.message.completed",
-    "turn.completed",
-    "session.idled",
-]
-TOOL_TURN_ORDER = [
-    "input.message",
-    "session.activated",
-    "turn.started",
-    "output.message.started",
-    "output.message.completed",
-    "tool.started",
-    "tool.completed",
-    "output.message.completed",
-    "turn.completed",
-    "session.idled",
-]
 TEXT = "the quick brown fox jumps over the lazy dog"
 
-
-@pytest.fixture(scope="module", params=LANES)
-def live_server(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    """One real server process per lane for this module; every test uses its own
-    sessions."""
-    directory = tmp_path_factory.mktemp("live-turn")
-    server = start_server(lane_database_url(request, directory), directory)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-async def api(live_server: Server) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=live_server.url, timeout=10) as client:
-        yield client
-
-
-def is_idled(frame: Frame) -> bool:
-    return frame.event == "session.idled"
-
-
-def durable(frames: list[Frame]) -> list[Frame]:
-    return [f for f in events(frames) if f.id is not None]
+# One real server process per lane for this module; every test uses its own sessions.
+live_server = live_server_fixture("live-turn")
+api = api_fixture()
 
 
 async def run_turn_on_sse(
@@ -85,9 +51,7 @@ async def run_turn_on_sse(
     async with open_stream(api, f"/v1/sessions/{sid}/sse") as stream:
         assert stream.status_code == 200
         assert stream.response.headers["content-type"].startswith("text/event-stream")
-        first = await stream.next(5)
-        assert first is not None
-        assert first.event == "connected"
+        first = await expect_connected(stream)
         assert first.id is None
         assert first.json() == {"status": "connected"}
         posted = await post_message(api, sid, text)
@@ -102,7 +66,7 @@ async def test_turn_events_arrive_in_upstream_order(api: httpx.AsyncClient) -> N
     body = evs[1:]
     names = [f.event for f in body]
     # Durable events in upstream's order, deltas only between started and completed.
-    assert [n for n in names if n != DELTA] == TURN_ORDER
+    assert [n for n in names if n != DELTA] == TURN_EVENTS
     started = names.index("output.message.started")
     completed = names.index("output.message.completed")
     assert set(names[started + 1 : completed]) == {DELTA}
@@ -123,7 +87,7 @@ async def test_turn_events_arrive_in_upstream_order(api: httpx.AsyncClient) -> N
             assert frame.id.startswith("event_")
             assert frame.id == envelope["id"]
     sequences = [f.json()["sequence"] for f in body if f.event != DELTA]
-    assert sequences == list(range(1, len(TURN_ORDER) + 1))
+    assert sequences == list(range(1, len(TURN_EVENTS) + 1))
 
     # Deltas carry the chunk and the text so far; `completed` carries the message.
     turn_id = posted["turn_id"]
@@ -162,13 +126,6 @@ async def test_mutation_stream_shows_a_turn_and_ends_at_the_listed_snapshot(
     async with open_stream(api, f"/v1/sessions/{sid}/messages/stream") as stream:
         assert stream.status_code == 200
         posted = await post_message(api, sid, TEXT)
-
-        def agent_done(frame: Frame) -> bool:
-            if frame.event != "message":
-                return False
-            message = frame.json()["message"]
-            return bool(message["role"] == "agent" and message["state"] == "done")
-
         frames = await stream.until(agent_done, 20)
     frames = events(frames)
     kinds = [f.event for f in frames]
@@ -225,27 +182,14 @@ async def test_tool_turn_order_and_tool_part_transitions(
     api: httpx.AsyncClient,
 ) -> None:
     sid = await create_session(api)
-    async with (
-        open_stream(api, f"/v1/sessions/{sid}/sse") as sse,
-        open_stream(api, f"/v1/sessions/{sid}/messages/stream") as mutations,
-    ):
-        connected = await sse.next(5)
-        assert connected is not None
-        assert connected.event == "connected"
+    async with session_streams(api, sid) as (sse, mutations):
         await post_message(api, sid, "/scenario tool weather in Paris")
         sse_frames = await sse.until(is_idled, 20)
         await wait_idle(api, sid)
-
-        def closed(frame: Frame) -> bool:
-            if frame.event != "message":
-                return False
-            message = frame.json()["message"]
-            return bool(message["role"] == "agent" and message["state"] == "done")
-
-        mutation_frames = events(await mutations.until(closed, 10))
+        mutation_frames = events(await mutations.until(agent_done, 10))
 
     names = [f.event for f in events(sse_frames)]
-    assert [n for n in names if n != DELTA] == TOOL_TURN_ORDER
+    assert [n for n in names if n != DELTA] == TOOL_TURN_EVENTS
     first_completed = names.index("output.message.completed")
     tool_started = names.index("tool.started")
     tool_completed = names.index("tool.completed")
@@ -322,13 +266,11 @@ async def test_types_and_exclude_filter_live_and_replay(
         ) as only_deltas,
     ):
         for stream in (no_deltas, only_deltas):
-            first = await stream.next(5)
-            assert first is not None
-            assert first.event == "connected"
+            await expect_connected(stream)
         await post_message(api, sid, TEXT)
         without = events(await no_deltas.until(is_idled, 20))
         only = events(await only_deltas.until(is_idled, 20))
-    assert [f.event for f in without] == TURN_ORDER
+    assert [f.event for f in without] == TURN_EVENTS
     assert [f.event for f in only] == [DELTA] * len(TEXT.split(" ")) + ["session.idled"]
 
     # Filters apply to replay too.
@@ -350,7 +292,7 @@ async def test_types_and_exclude_filter_live_and_replay(
         api, base, params={"after_sequence": "0", "exclude": "input.message"}
     ) as stream:
         replayed = events(await stream.until(is_idled, 10))
-    assert [f.event for f in replayed] == ["connected", *TURN_ORDER[1:]]
+    assert [f.event for f in replayed] == ["connected", *TURN_EVENTS[1:]]
 
     # Unknown names are refused before streaming.
     for params in ({"types": "message.created"}, {"exclude": "nope"}):
@@ -374,9 +316,7 @@ async def test_cursors_replay_exactly_the_missing_durable_events(
         params: dict[str, str] | None = None, headers: dict[str, str] | None = None
     ) -> list[dict[str, Any]]:
         async with open_stream(api, base, params=params, headers=headers) as stream:
-            first = await stream.next(5)
-            assert first is not None
-            assert first.event == "connected"
+            await expect_connected(stream)
             # Replay is followed by the live tail: nothing more arrives but heartbeats.
             got = await stream.collect(0.4)
         assert all(f.is_comment or f.id is not None for f in got)
@@ -417,8 +357,7 @@ async def test_reconnect_mid_turn_with_cursor_loses_and_repeats_nothing(
     sid = await create_session(api)
     base = f"/v1/sessions/{sid}/sse"
     async with open_stream(api, base) as first:
-        connected = await first.next(5)
-        assert connected is not None
+        await expect_connected(first)
         await post_message(api, sid, "/scenario long 60")
         before = await first.until(lambda f: f.event == DELTA, 10)
         before += await first.until(lambda f: f.event == DELTA, 10)
@@ -439,7 +378,7 @@ async def test_connected_means_subscribed(running: Running) -> None:
     state = running.app.state.app
     client = running.client
     sid = await create_session(client)
-    session_uuid = uuid.UUID(hex=sid.removeprefix("session_"))
+    session_uuid = uuid_of(sid)
     stream = upstream_events(
         database=state.database,
         fanout=state.fanout,
@@ -457,7 +396,7 @@ async def test_connected_means_subscribed(running: Running) -> None:
         while "session.idled" not in names:
             chunk = await asyncio.wait_for(anext(stream), 5)
             names.append(chunk.split(b"\n", 1)[0].decode().removeprefix("event: "))
-        assert [n for n in names if n != DELTA][:3] == TURN_ORDER[:3], (
+        assert [n for n in names if n != DELTA][:3] == TURN_EVENTS[:3], (
             f"events committed after `connected` were dropped: got {names} "
             f"(posted {posted['id']})"
         )
@@ -473,21 +412,9 @@ async def test_a_delta_larger_than_a_notify_payload_is_streamed(
     one chunk: both streams must still carry every character, in order."""
     word = "".join(chr(ord("a") + i % 26) for i in range(9000))
     sid = await create_session(api)
-    async with (
-        open_stream(api, f"/v1/sessions/{sid}/sse") as sse,
-        open_stream(api, f"/v1/sessions/{sid}/messages/stream") as mutations,
-    ):
-        connected = await sse.next(5)
-        assert connected is not None
+    async with session_streams(api, sid) as (sse, mutations):
         await post_message(api, sid, word)
         sse_frames = events(await sse.until(is_idled, 20))
-
-        def agent_done(frame: Frame) -> bool:
-            if frame.event != "message":
-                return False
-            message = frame.json()["message"]
-            return bool(message["role"] == "agent" and message["state"] == "done")
-
         mutation_frames = events(await mutations.until(agent_done, 10))
     deltas = [f.json()["data"] for f in sse_frames if f.event == DELTA]
     streamed = "".join(d["delta"] for d in deltas)
@@ -513,24 +440,8 @@ async def test_mutation_stream_hides_internal_messages_unless_asked(
         open_stream(api, url) as plain,
         open_stream(api, url, params={"include_internal": "true"}) as audit,
     ):
-        response = await api.post(
-            f"/v1/sessions/{sid}/messages",
-            json={
-                "message": {
-                    "content": [{"type": "text", "text": "internal note"}],
-                    "visibility": "internal",
-                }
-            },
-        )
-        assert response.status_code == 201, response.text
-        internal_id = response.json()["id"]
-
-        def agent_done(frame: Frame) -> bool:
-            if frame.event != "message":
-                return False
-            message = frame.json()["message"]
-            return bool(message["role"] == "agent" and message["state"] == "done")
-
+        internal = await post_message(api, sid, "internal note", visibility="internal")
+        internal_id = internal["id"]
         plain_frames = events(await plain.until(agent_done, 20))
         audit_frames = events(await audit.until(agent_done, 20))
 

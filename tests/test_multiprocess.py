@@ -7,10 +7,9 @@ recovery of A's turn when A dies.
 
 import asyncio
 import contextlib
-import json
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,12 +18,22 @@ import httpx
 import pytest
 
 from app.settings import Settings
-from tests.conftest import Server, start_server
+from tests.conftest import Server
+from tests.helpers import (
+    TURN_EVENTS,
+    create_session,
+    get_session,
+    list_events,
+    list_messages,
+    post_message,
+    server_process,
+    text_of,
+)
+from tests.sse_client import Frame, SSEReader, durable, merge_snapshots
 
 pytestmark = pytest.mark.postgres_only
 
 TEST_DEADLINE = 90.0
-WAIT = 15.0
 
 
 @pytest.fixture
@@ -34,159 +43,6 @@ def pg_settings(settings: Settings) -> Settings:
     ):
         pytest.skip("needs PostgreSQL (set TEST_DATABASE_URL)")
     return settings
-
-
-# ---- a small SSE client ---------------------------------------------------------------
-
-
-@dataclass
-class Frame:
-    event: str
-    data: str
-    id: str | None
-
-    def json(self) -> Any:
-        return json.loads(self.data)
-
-
-@dataclass
-class SSEReader:
-    """Reads one SSE response in a background task and records every frame."""
-
-    client: httpx.AsyncClient
-    url: str
-    frames: list[Frame] = field(default_factory=list)
-    status: int | None = None
-    error: BaseException | None = None
-    ended: bool = False
-    _task: asyncio.Task[None] | None = None
-    _opened: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def start(self) -> "SSEReader":
-        self._task = asyncio.create_task(self._run())
-        async with asyncio.timeout(WAIT):
-            await self._opened.wait()
-        assert self.status == 200, f"{self.url}: status {self.status} ({self.error})"
-        return self
-
-    async def _run(self) -> None:
-        try:
-            async with self.client.stream(
-                "GET", self.url, timeout=httpx.Timeout(10.0, read=30.0)
-            ) as response:
-                self.status = response.status_code
-                self._opened.set()
-                event, data, frame_id = "", [], None
-                async for line in response.aiter_lines():
-                    if line == "":
-                        if data or event:
-                            self.frames.append(
-                                Frame(event or "message", "\n".join(data), frame_id)
-                            )
-                        event, data, frame_id = "", [], None
-                    elif line.startswith(":"):
-                        continue
-                    else:
-                        name, _, value = line.partition(":")
-                        value = value.removeprefix(" ")
-                        if name == "event":
-                            event = value
-                        elif name == "data":
-                            data.append(value)
-                        elif name == "id":
-                            frame_id = value
-        except httpx.HTTPError as exc:
-            self.error = exc
-        finally:
-            self.ended = True
-            self._opened.set()
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        return [f.json() for f in self.frames if f.event == name]
-
-    def has(self, name: str) -> bool:
-        return any(f.event == name for f in self.frames)
-
-    async def wait_for(
-        self, predicate: Callable[[list[Frame]], bool], what: str, within: float = WAIT
-    ) -> None:
-        deadline = time.monotonic() + within
-        while not predicate(self.frames):
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"timed out after {within}s waiting for {what}; "
-                    f"{len(self.frames)} frames: {[f.event for f in self.frames][-20:]}"
-                )
-            await asyncio.sleep(0.02)
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-
-# ---- helpers ---------------------------------------------------------------------------
-
-
-async def wait_until(
-    check: Callable[[], Awaitable[bool]], what: str, within: float = WAIT
-) -> None:
-    deadline = time.monotonic() + within
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-async def create_session(client: httpx.AsyncClient) -> str:
-    response = await client.post("/v1/sessions", json={"title": "multiprocess"})
-    assert response.status_code == 201, response.text
-    sid: str = response.json()["id"]
-    return sid
-
-
-async def post_text(client: httpx.AsyncClient, sid: str, text: str) -> dict[str, Any]:
-    response = await client.post(
-        f"/v1/sessions/{sid}/messages",
-        json={"message": {"role": "user", "content": [{"type": "text", "text": text}]}},
-    )
-    assert response.status_code == 201, response.text
-    body: dict[str, Any] = response.json()
-    return body
-
-
-async def list_events(client: httpx.AsyncClient, sid: str) -> list[dict[str, Any]]:
-    response = await client.get(f"/v1/sessions/{sid}/events")
-    assert response.status_code == 200, response.text
-    data: list[dict[str, Any]] = response.json()["data"]
-    return data
-
-
-async def list_messages(client: httpx.AsyncClient, sid: str) -> list[dict[str, Any]]:
-    response = await client.get(f"/v1/sessions/{sid}/messages")
-    assert response.status_code == 200, response.text
-    data: list[dict[str, Any]] = response.json()["data"]
-    return data
-
-
-async def session_status(client: httpx.AsyncClient, sid: str) -> str:
-    response = await client.get(f"/v1/sessions/{sid}")
-    assert response.status_code == 200, response.text
-    status: str = response.json()["status"]
-    return status
-
-
-def text_of(message: dict[str, Any]) -> str:
-    return "".join(p.get("text", "") for p in message["content"] if p["type"] == "text")
-
-
-def durable_sequences(reader: SSEReader) -> list[int]:
-    return [f.json()["sequence"] for f in reader.frames if f.id is not None]
-
-
-async def start(database_url: str, tmp_path: Path, **env: str) -> Server:
-    return await asyncio.to_thread(start_server, database_url, tmp_path, **env)
 
 
 @dataclass
@@ -204,28 +60,37 @@ class Pair:
         self.readers.append(reader)
         return reader
 
+    async def watched_session(self) -> tuple[str, SSEReader]:
+        """A session made through A, and upstream's stream of it from the start, read
+        through B."""
+        sid = await create_session(self.client_a, "multiprocess")
+        return sid, await self.watch(f"/v1/sessions/{sid}/sse?after_sequence=0")
+
+    async def start_turn(self, sid: str, text: str) -> dict[str, Any]:
+        """Post `text` through A, which starts a turn there."""
+        posted = await post_message(self.client_a, sid, text, role="user")
+        assert posted["delivery"] == "started"
+        return posted
+
 
 @contextlib.asynccontextmanager
 async def two_servers(
     settings: Settings, tmp_path: Path, **env: str
 ) -> AsyncIterator[Pair]:
-    servers: list[Server] = []
-    try:
-        servers.append(await start(settings.database_url, tmp_path, **env))
-        servers.append(await start(settings.database_url, tmp_path, **env))
-        async with (
-            httpx.AsyncClient(base_url=servers[0].url, timeout=10) as client_a,
-            httpx.AsyncClient(base_url=servers[1].url, timeout=10) as client_b,
-        ):
-            pair = Pair(servers[0], servers[1], client_a, client_b)
-            try:
-                yield pair
-            finally:
-                for reader in pair.readers:
-                    await reader.close()
-    finally:
-        for server in servers:
-            server.kill()
+    """Two servers on one database, for at most TEST_DEADLINE seconds."""
+    async with (
+        asyncio.timeout(TEST_DEADLINE),
+        server_process(settings.database_url, tmp_path, kill=True, **env) as a,
+        server_process(settings.database_url, tmp_path, kill=True, **env) as b,
+        httpx.AsyncClient(base_url=a.url, timeout=10) as client_a,
+        httpx.AsyncClient(base_url=b.url, timeout=10) as client_b,
+    ):
+        pair = Pair(a, b, client_a, client_b)
+        try:
+            yield pair
+        finally:
+            for reader in pair.readers:
+                await reader.close()
 
 
 def agent_id_of(reader: SSEReader) -> str:
@@ -239,22 +104,31 @@ def delta_count(frames: list[Frame]) -> int:
     return sum(f.event == "output.message.delta" for f in frames)
 
 
+async def assert_stopped(
+    client: httpx.AsyncClient, sid: str, message_id: str, code: str
+) -> None:
+    """The stopped turn's agent message is closed: its unfinished step is discarded and
+    an error part gives the reason. The session idles."""
+    response = await client.get(f"/v1/sessions/{sid}/messages/{message_id}")
+    assert response.status_code == 200
+    agent = response.json()
+    assert agent["state"] == "done"
+    assert [p["type"] for p in agent["content"]] == ["error"]
+    assert agent["content"][0]["code"] == code
+    assert (await get_session(client, sid))["status"] == "idle"
+
+
 # ---- the tests ---------------------------------------------------------------------------
 
 
 async def test_turn_run_by_a_streams_to_clients_of_b(
     pg_settings: Settings, tmp_path: Path
 ) -> None:
-    async with (
-        asyncio.timeout(TEST_DEADLINE),
-        two_servers(pg_settings, tmp_path, SCRIPTED_DELAY_MS="20") as pair,
-    ):
-        sid = await create_session(pair.client_a)
-        sse = await pair.watch(f"/v1/sessions/{sid}/sse?after_sequence=0")
+    async with two_servers(pg_settings, tmp_path, SCRIPTED_DELAY_MS="20") as pair:
+        sid, sse = await pair.watched_session()
         mutations = await pair.watch(f"/v1/sessions/{sid}/messages/stream?after=0")
 
-        posted = await post_text(pair.client_a, sid, "/scenario long 60")
-        assert posted["delivery"] == "started"
+        posted = await pair.start_turn(sid, "/scenario long 60")
         turn_id = posted["turn_id"]
 
         await sse.wait_for(lambda _: sse.has("session.idled"), "session.idled on B")
@@ -274,18 +148,9 @@ async def test_turn_run_by_a_streams_to_clients_of_b(
         # of A's runner between output.message.started and output.message.completed.
         events = await list_events(pair.client_b, sid)
         assert events == await list_events(pair.client_a, sid)
-        durable = [f.json() for f in sse.frames if f.id is not None]
-        assert durable == events
+        assert [f.json() for f in durable(sse.frames)] == events
         assert [e["sequence"] for e in events] == list(range(1, len(events) + 1))
-        assert [e["type"] for e in events] == [
-            "input.message",
-            "session.activated",
-            "turn.started",
-            "output.message.started",
-            "output.message.completed",
-            "turn.completed",
-            "session.idled",
-        ]
+        assert [e["type"] for e in events] == TURN_EVENTS
         assert all(e["context"].get("turn_id") == turn_id for e in events)
         names = [f.event for f in sse.frames]
         first_delta = names.index("output.message.delta")
@@ -344,32 +209,22 @@ async def test_turn_run_by_a_streams_to_clients_of_b(
         cursors = [int(f.id) for f in mutations.frames if f.id is not None]
         assert cursors == sorted(cursors)
         state: dict[str, dict[str, Any]] = {}
-        for message in snapshots:
-            if message["id"] not in state or (
-                message["revision"] > state[message["id"]]["revision"]
-            ):
-                state[message["id"]] = message
+        merge_snapshots(state, mutations.frames)
         converged = sorted(state.values(), key=lambda m: m["sequence"])
-        assert converged == await list_messages(pair.client_b, sid)
-        assert converged == await list_messages(pair.client_a, sid)
+        assert converged == (await list_messages(pair.client_b, sid))["data"]
+        assert converged == (await list_messages(pair.client_a, sid))["data"]
         assert text_of(converged[-1]) == accumulated
-        assert await session_status(pair.client_b, sid) == "idle"
+        assert (await get_session(pair.client_b, sid))["status"] == "idle"
 
 
 async def test_cancel_sent_to_b_stops_a_turn_running_on_a(
     pg_settings: Settings, tmp_path: Path
 ) -> None:
-    async with (
-        asyncio.timeout(TEST_DEADLINE),
-        two_servers(pg_settings, tmp_path, SCRIPTED_DELAY_MS="20") as pair,
-    ):
-        sid = await create_session(pair.client_a)
-        sse = await pair.watch(f"/v1/sessions/{sid}/sse?after_sequence=0")
-        posted = await post_text(pair.client_a, sid, "/scenario long 500")
-        assert posted["delivery"] == "started"
-        turn_id = posted["turn_id"]
+    async with two_servers(pg_settings, tmp_path, SCRIPTED_DELAY_MS="20") as pair:
+        sid, sse = await pair.watched_session()
+        turn_id = (await pair.start_turn(sid, "/scenario long 500"))["turn_id"]
         await sse.wait_for(lambda f: delta_count(f) >= 10, "deltas flowing on B")
-        assert await session_status(pair.client_b, sid) == "active"
+        assert (await get_session(pair.client_b, sid))["status"] == "active"
 
         cancel_sent = time.monotonic()
         cancelled = await pair.client_b.post(f"/v1/sessions/{sid}/cancel")
@@ -392,18 +247,10 @@ async def test_cancel_sent_to_b_stops_a_turn_running_on_a(
         assert events[-2]["data"]["turn_id"] == turn_id
         assert events[-1]["data"]["turn_id"] == turn_id
         assert not any(e["type"] in ("turn.completed", "turn.failed") for e in events)
-        assert [f.json() for f in sse.frames if f.id is not None] == events
+        assert [f.json() for f in durable(sse.frames)] == events
 
-        agent_id = agent_id_of(sse)
         for client in (pair.client_a, pair.client_b):
-            response = await client.get(f"/v1/sessions/{sid}/messages/{agent_id}")
-            assert response.status_code == 200
-            agent = response.json()
-            assert agent["state"] == "done"
-            # The unfinished step is discarded; the stop reason is an error part.
-            assert [p["type"] for p in agent["content"]] == ["error"]
-            assert agent["content"][0]["code"] == "cancelled"
-            assert await session_status(client, sid) == "idle"
+            await assert_stopped(client, sid, agent_id_of(sse), "cancelled")
 
         # The turn really stopped: it streamed far fewer than its 500 chunks, and no
         # delta follows the cancellation.
@@ -422,18 +269,15 @@ async def test_cancel_sent_to_b_stops_a_turn_running_on_a(
 async def test_steering_message_posted_to_b_joins_the_turn_on_a(
     pg_settings: Settings, tmp_path: Path
 ) -> None:
-    async with (
-        asyncio.timeout(TEST_DEADLINE),
-        two_servers(pg_settings, tmp_path, SCRIPTED_DELAY_MS="20") as pair,
-    ):
-        sid = await create_session(pair.client_a)
-        sse = await pair.watch(f"/v1/sessions/{sid}/sse?after_sequence=0")
-        posted = await post_text(pair.client_a, sid, "/scenario long 80")
-        assert posted["delivery"] == "started"
+    async with two_servers(pg_settings, tmp_path, SCRIPTED_DELAY_MS="20") as pair:
+        sid, sse = await pair.watched_session()
+        posted = await pair.start_turn(sid, "/scenario long 80")
         turn_id = posted["turn_id"]
         await sse.wait_for(lambda f: delta_count(f) >= 5, "deltas flowing on B")
 
-        steer = await post_text(pair.client_b, sid, "please also say banana")
+        steer = await post_message(
+            pair.client_b, sid, "please also say banana", role="user"
+        )
         assert steer["delivery"] == "steered"
         assert steer["turn_id"] == turn_id
 
@@ -451,8 +295,8 @@ async def test_steering_message_posted_to_b_joins_the_turn_on_a(
         ]
         assert all(e["context"].get("turn_id") == turn_id for e in events)
 
-        messages = await list_messages(pair.client_a, sid)
-        assert messages == await list_messages(pair.client_b, sid)
+        messages = (await list_messages(pair.client_a, sid))["data"]
+        assert messages == (await list_messages(pair.client_b, sid))["data"]
         agents = [m for m in messages if m["role"] == "agent"]
         assert agents
         assert all(m["state"] == "done" and m["turn_id"] == turn_id for m in agents)
@@ -460,23 +304,17 @@ async def test_steering_message_posted_to_b_joins_the_turn_on_a(
         texts = [p["text"] for m in agents for p in m["content"] if p["type"] == "text"]
         assert texts[0].startswith("chunk0 chunk1 ")
         assert texts[-1] == "please also say banana"
-        assert await session_status(pair.client_b, sid) == "idle"
+        assert (await get_session(pair.client_b, sid))["status"] == "idle"
 
 
 async def test_b_recovers_a_turn_when_a_is_killed(
     pg_settings: Settings, tmp_path: Path
 ) -> None:
-    async with (
-        asyncio.timeout(TEST_DEADLINE),
-        two_servers(
-            pg_settings, tmp_path, SCRIPTED_DELAY_MS="20", RUNNER_SWEEP_SECONDS="1"
-        ) as pair,
-    ):
-        sid = await create_session(pair.client_a)
-        sse = await pair.watch(f"/v1/sessions/{sid}/sse?after_sequence=0")
-        posted = await post_text(pair.client_a, sid, "/scenario long 500")
-        assert posted["delivery"] == "started"
-        turn_id = posted["turn_id"]
+    async with two_servers(
+        pg_settings, tmp_path, SCRIPTED_DELAY_MS="20", RUNNER_SWEEP_SECONDS="1"
+    ) as pair:
+        sid, sse = await pair.watched_session()
+        turn_id = (await pair.start_turn(sid, "/scenario long 500"))["turn_id"]
         await sse.wait_for(lambda f: delta_count(f) >= 10, "deltas flowing on B")
         events_before = await list_events(pair.client_b, sid)
 
@@ -502,19 +340,11 @@ async def test_b_recovers_a_turn_when_a_is_killed(
         failed = events[-2]
         assert failed["data"]["turn_id"] == turn_id
         assert failed["data"]["error_code"] == "interrupted"
-        assert [f.json() for f in sse.frames if f.id is not None] == events
-
-        agent_id = agent_id_of(sse)
-        response = await pair.client_b.get(f"/v1/sessions/{sid}/messages/{agent_id}")
-        assert response.status_code == 200
-        agent = response.json()
-        assert agent["state"] == "done"
-        assert [p["type"] for p in agent["content"]] == ["error"]
-        assert agent["content"][0]["code"] == "interrupted"
-        assert await session_status(pair.client_b, sid) == "idle"
+        assert [f.json() for f in durable(sse.frames)] == events
+        await assert_stopped(pair.client_b, sid, agent_id_of(sse), "interrupted")
 
         # B serves the session from now on: a new message runs a turn to completion.
-        again = await post_text(pair.client_b, sid, "still here")
+        again = await post_message(pair.client_b, sid, "still here", role="user")
         assert again["delivery"] == "started"
         await sse.wait_for(
             lambda _: any(
@@ -523,6 +353,6 @@ async def test_b_recovers_a_turn_when_a_is_killed(
             ),
             "the new turn on B to complete",
         )
-        messages = await list_messages(pair.client_b, sid)
+        messages = (await list_messages(pair.client_b, sid))["data"]
         assert text_of(messages[-1]) == "still here"
         assert messages[-1]["state"] == "done"

@@ -5,9 +5,7 @@ runner kicks in): user, internal and agent messages, some agent messages committ
 two model Steps. Agent messages take two or three event sequences, so message sequences
 have gaps, which is what `before_sequence` has to walk across."""
 
-import asyncio
 import itertools
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +15,7 @@ import httpx
 from app.ids import format_id, parse_id, uuid7
 from app.messages import checkpoint
 from tests.conftest import Running
+from tests.helpers import create_session, list_events, post_message, wait_idle
 
 VISIBLE = 130
 INTERNAL = 12
@@ -102,18 +101,8 @@ async def seed(running: Running, session_id: str, plan: Sequence[str]) -> list[S
     return seeded
 
 
-async def new_session(client: httpx.AsyncClient, title: str = "pagination") -> str:
-    created = await client.post("/v1/sessions", json={"title": title})
-    assert created.status_code == 201, created.text
-    session_id: str = created.json()["id"]
-    return session_id
-
-
 async def last_event_sequence(client: httpx.AsyncClient, session_id: str) -> int:
-    response = await client.get(f"/v1/sessions/{session_id}/events")
-    assert response.status_code == 200
-    events = response.json()["data"]
-    sequences = [event["sequence"] for event in events]
+    sequences = [event["sequence"] for event in await list_events(client, session_id)]
     assert sequences == list(range(1, len(sequences) + 1))
     return sequences[-1] if sequences else 0
 
@@ -185,7 +174,7 @@ async def test_walk_newest_to_oldest_visits_every_message_once(
     running: Running,
 ) -> None:
     client = running.client
-    session_id = await new_session(client)
+    session_id = await create_session(client, "pagination")
     plan = history_plan()
     seeded = await seed(running, session_id, plan)
     visible = [m for m in seeded if m.visibility == "visible"]
@@ -236,7 +225,7 @@ async def test_walk_newest_to_oldest_visits_every_message_once(
 
 async def test_include_internal_changes_data_and_total(running: Running) -> None:
     client = running.client
-    session_id = await new_session(client)
+    session_id = await create_session(client, "pagination")
     seeded = await seed(running, session_id, history_plan())
     internal_ids = {m.id for m in seeded if m.visibility == "internal"}
     assert len(internal_ids) == INTERNAL
@@ -270,28 +259,13 @@ async def test_include_internal_changes_data_and_total(running: Running) -> None
 async def test_internal_message_posted_over_the_api(running: Running) -> None:
     """`message.visibility: internal` is accepted on POST and hidden from plain lists."""
     client = running.client
-    session_id = await new_session(client)
-    posted = await client.post(
-        f"/v1/sessions/{session_id}/messages",
-        json={
-            "message": {
-                "content": [{"type": "text", "text": "audit note"}],
-                "visibility": "internal",
-            }
-        },
+    session_id = await create_session(client, "pagination")
+    internal = await post_message(
+        client, session_id, "audit note", visibility="internal"
     )
-    assert posted.status_code == 201, posted.text
-    internal = posted.json()
     assert internal["visibility"] == "internal"
     assert internal["delivery"] == "started"
-
-    deadline = time.monotonic() + 30
-    while True:
-        status = (await client.get(f"/v1/sessions/{session_id}")).json()["status"]
-        if status == "idle":
-            break
-        assert time.monotonic() < deadline, f"session still {status}"
-        await asyncio.sleep(0.02)
+    await wait_idle(client, session_id, within=30)
 
     hidden = await page(client, session_id)
     shown = await page(client, session_id, include_internal=True)
@@ -307,7 +281,7 @@ async def test_default_limit_is_50_and_limit_is_capped_at_200(
     running: Running,
 ) -> None:
     client = running.client
-    session_id = await new_session(client)
+    session_id = await create_session(client, "pagination")
     plan = ["user" if i % 2 else "agent" for i in range(205)]
     seeded = await seed(running, session_id, plan)
     cursor = str(await last_event_sequence(client, session_id))
@@ -339,7 +313,7 @@ async def test_default_limit_is_50_and_limit_is_capped_at_200(
 
 async def test_empty_pages(running: Running) -> None:
     client = running.client
-    session_id = await new_session(client)
+    session_id = await create_session(client, "pagination")
     empty = await page(client, session_id)
     assert empty == {"data": [], "total": 0, "has_more": False, "cursor": "0"}
 
@@ -365,7 +339,7 @@ async def test_empty_pages(running: Running) -> None:
 
 async def test_bad_query_values_are_400_problems(running: Running) -> None:
     client = running.client
-    session_id = await new_session(client)
+    session_id = await create_session(client, "pagination")
     await seed(running, session_id, ["user", "agent"])
     before = await page(client, session_id)
     for params in (

@@ -4,8 +4,6 @@ points always ends with exactly what `GET .../messages` returns."""
 
 import asyncio
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,39 +23,32 @@ from app.db.session import Database
 from app.live.streams import StreamConfig, message_mutations
 from app.messages import checkpoint
 from app.settings import Settings
-from tests.conftest import LANES, Running, Server, start_server
+from tests.conftest import Running, Server
+from tests.helpers import (
+    api_fixture,
+    create_session,
+    list_messages,
+    live_server_fixture,
+    post_message,
+    uuid_of,
+    wait_idle,
+    wait_until,
+)
 from tests.sse_client import (
     Frame,
     SSEStream,
-    create_session,
-    lane_database_url,
-    list_messages,
+    expect_connected,
+    is_delta,
     open_stream,
-    post_message,
-    wait_idle,
 )
 
 SCENARIOS = ["/scenario long 40", "/scenario tool"]
 
 
-@pytest.fixture(scope="module", params=LANES)
-def live_server(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    """One server per lane for the module, streaming a chunk every 10 ms so random
-    disconnects land before, during and after the stream."""
-    directory = tmp_path_factory.mktemp("reconnect")
-    server = start_server(
-        lane_database_url(request, directory), directory, SCRIPTED_DELAY_MS="10"
-    )
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-async def api(live_server: Server) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=live_server.url, timeout=10) as client:
-        yield client
+# One server per lane for the module, streaming a chunk every 10 ms so random
+# disconnects land before, during and after the stream.
+live_server = live_server_fixture("reconnect", SCRIPTED_DELAY_MS="10")
+api = api_fixture()
 
 
 # ---- a client following the seed's rules ------------------------------------------
@@ -394,14 +385,11 @@ async def test_late_joiner_gets_the_text_so_far_then_the_rest(
 ) -> None:
     session_id = await create_session(api)
     async with open_stream(api, f"/v1/sessions/{session_id}/sse") as observer:
-        connected = await observer.next(5)
-        assert connected is not None
+        await expect_connected(observer)
         await post_message(api, session_id, "/scenario long 40")
         seen = ""
         for _ in range(10):
-            frames = await observer.until(
-                lambda f: f.event == "output.message.delta", 10
-            )
+            frames = await observer.until(is_delta, 10)
             seen = frames[-1].json()["data"]["accumulated"]
         url = f"/v1/sessions/{session_id}/messages/stream"
         async with open_stream(api, url) as joiner:
@@ -489,7 +477,7 @@ async def test_checkpoint_committed_after_subscribing_is_delivered(
     app's bus as commit hook, exactly as the app's own writes do."""
     state = running.app.state.app
     session_id = await create_session(running.client)
-    session_uuid = uuid.UUID(hex=session_id.removeprefix("session_"))
+    session_uuid = uuid_of(session_id)
     other = Database.from_settings(settings)
     other.hooks = state.bus
     pool = state.database.reader.pool
@@ -511,10 +499,12 @@ async def test_checkpoint_committed_after_subscribing_is_delivered(
             held.append(await state.database.reader.connect())
         # Subscribe: the stream registers, then waits for a connection.
         first = asyncio.create_task(anext(stream))
-        deadline = time.monotonic() + 5
-        while state.fanout.count(session_uuid) == 0:
-            assert time.monotonic() < deadline, "the stream never subscribed"
-            await asyncio.sleep(0.01)
+        await wait_until(
+            lambda: state.fanout.count(session_uuid) > 0,
+            "the stream to subscribe",
+            within=5,
+            interval=0.01,
+        )
         # Load the snapshot (the rows GET .../messages serves): empty.
         async with other.read() as db:
             snapshot = (

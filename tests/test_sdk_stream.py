@@ -16,39 +16,27 @@ from everruns_sdk.models import Event
 from everruns_sdk.sse import EventStream
 
 from app.settings import Settings
-from tests.conftest import Server, start_server
+from tests.conftest import Server
+from tests.helpers import TURN_EVENTS, server_process
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 TEST_DEADLINE = 60.0
 WAIT = 15.0
 
-TURN_TYPES = [
-    "input.message",
-    "session.activated",
-    "turn.started",
-    "output.message.started",
-    "output.message.completed",
-    "turn.completed",
-    "session.idled",
-]
-
 
 @contextlib.asynccontextmanager
 async def sdk_server(
     tmp_path: Path, settings: Settings, **env: str
 ) -> AsyncIterator[tuple[Server, Everruns]]:
-    server = await asyncio.to_thread(
-        start_server, settings.database_url, tmp_path, **env
-    )
-    try:
+    async with server_process(
+        settings.database_url, tmp_path, kill=True, **env
+    ) as server:
         client = Everruns(api_key="any-key", base_url=f"{server.url}/api")
         try:
             yield server, client
         finally:
             await client.close()
-    finally:
-        server.kill()
 
 
 @contextlib.asynccontextmanager
@@ -157,7 +145,7 @@ async def test_sdk_stream_follows_a_whole_turn(
         turn = received[received.index(first) :]
         assert received[mark] is first
         durable = [e for e in turn if e.type != "output.message.delta"]
-        assert [e.type for e in durable] == TURN_TYPES
+        assert [e.type for e in durable] == TURN_EVENTS
         sequences = [e.sequence for e in durable]
         assert all(s is not None for s in sequences)
         assert sequences == list(range(sequences[0], sequences[0] + len(durable)))
@@ -248,7 +236,7 @@ async def test_sdk_stream_resumes_across_connection_cycles(
         for event in durable:
             assert event.id == by_sequence[event.sequence].id
             assert event.type == by_sequence[event.sequence].type
-        assert [e.type for e in events] == TURN_TYPES
+        assert [e.type for e in events] == TURN_EVENTS
         deltas = [e for e in received if e.type == "output.message.delta"]
         assert deltas, "no live deltas reached the SDK"
         assert all(d.data["message_id"] for d in deltas)

@@ -2,13 +2,10 @@
 against upstream's OpenAPI schemas (openapi-sessions-subset.json) and, for Message, the
 seed's data-wrapped shape, over real turns of every scripted scenario."""
 
-import asyncio
 import copy
 import json
 import os
 import re
-import time
-import uuid
 from datetime import datetime
 from functools import cache
 from pathlib import Path
@@ -25,6 +22,14 @@ from app.db import models
 from app.ids import uuid7
 from app.messages import checkpoint
 from tests.conftest import ROOT, Running
+from tests.helpers import (
+    find_nulls,
+    list_events,
+    post_message,
+    uuid_of,
+    wait_idle,
+    wait_until,
+)
 
 # The pinned copy of upstream's published OpenAPI subset (see openapi/README.md).
 SPEC_PATH = Path(os.environ.get("EVERRUNS_SPEC", ROOT / "openapi" / "upstream.json"))
@@ -94,25 +99,19 @@ ANNOTATION = closed(
 NATIVE_TOOL_CALL = {
     "oneOf": [
         closed(
-            ["type", "call_id", "name", "arguments"],
+            ["type", "call_id", "name", payload],
             {
-                "type": {"const": "function_call"},
+                "type": {"const": kind},
                 "call_id": STR,
                 "name": STR,
-                "arguments": STR,
+                payload: STR,
                 "async": {"type": "boolean"},
             },
-        ),
-        closed(
-            ["type", "call_id", "name", "input"],
-            {
-                "type": {"const": "custom_tool_call"},
-                "call_id": STR,
-                "name": STR,
-                "input": STR,
-                "async": {"type": "boolean"},
-            },
-        ),
+        )
+        for kind, payload in [
+            ("function_call", "arguments"),
+            ("custom_tool_call", "input"),
+        ]
     ]
 }
 REASONING_TEXT = {
@@ -338,20 +337,6 @@ def upstream_spec() -> None:
 # ---- helpers -------------------------------------------------------------------------
 
 
-def find_nulls(value: Any, path: str = "$") -> list[str]:
-    if value is None:
-        return [path]
-    if isinstance(value, dict):
-        return [n for k, v in value.items() for n in find_nulls(v, f"{path}.{k}")]
-    if isinstance(value, list):
-        return [n for i, v in enumerate(value) for n in find_nulls(v, f"{path}[{i}]")]
-    return []
-
-
-def uuid_of(wire_id: str) -> uuid.UUID:
-    return uuid.UUID(hex=wire_id.partition("_")[2])
-
-
 def parse_ts(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
@@ -411,20 +396,6 @@ def check_event(event: dict[str, Any], session_id: str) -> None:
         )
     assert event["type"] in PAYLOADS, f"unexpected durable event {event['type']}"
     validate(event["data"], PAYLOADS[event["type"]])
-
-
-async def wait_idle(
-    client: httpx.AsyncClient, sid: str, within: float = 20.0
-) -> dict[str, Any]:
-    deadline = time.monotonic() + within
-    while True:
-        response = await client.get(f"/v1/sessions/{sid}")
-        assert response.status_code == 200, response.text
-        body: dict[str, Any] = response.json()
-        if body["status"] == "idle":
-            return body
-        assert time.monotonic() < deadline, f"session {sid} never idled: {body}"
-        await asyncio.sleep(0.02)
 
 
 async def new_session(client: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:
@@ -709,23 +680,13 @@ async def test_tool_completed_payload_is_upstreams(client: httpx.AsyncClient) ->
 
 async def test_cancelled_turn_shapes(client: httpx.AsyncClient) -> None:
     sid = (await new_session(client))["id"]
-    posted = await client.post(
-        f"/v1/sessions/{sid}/messages",
-        json={
-            "message": {"content": [{"type": "text", "text": "/scenario long 5000"}]}
-        },
-    )
-    assert posted.status_code == 201
-    deadline = time.monotonic() + 20
-    while True:
-        types = [
-            e["type"]
-            for e in (await client.get(f"/v1/sessions/{sid}/events")).json()["data"]
-        ]
-        if "output.message.started" in types:
-            break
-        assert time.monotonic() < deadline, types
-        await asyncio.sleep(0.02)
+    await post_message(client, sid, "/scenario long 5000")
+
+    async def streaming() -> bool:
+        events = await list_events(client, sid)
+        return any(e["type"] == "output.message.started" for e in events)
+
+    await wait_until(streaming, "output.message.started", within=20, interval=0.02)
     cancelled = await client.post(f"/v1/sessions/{sid}/cancel")
     assert cancelled.status_code == 200
     validate(cancelled.json(), "CancelTurnResponse")
@@ -829,17 +790,7 @@ async def test_message_level_fields(client: httpx.AsyncClient) -> None:
 async def test_internal_visibility(client: httpx.AsyncClient) -> None:
     sid = (await new_session(client))["id"]
     await run_turn(client, sid, [{"type": "text", "text": "visible"}])
-    response = await client.post(
-        f"/v1/sessions/{sid}/messages",
-        json={
-            "message": {
-                "visibility": "internal",
-                "content": [{"type": "text", "text": "audit"}],
-            }
-        },
-    )
-    assert response.status_code == 201
-    internal = response.json()
+    internal = await post_message(client, sid, "audit", visibility="internal")
     check_message(internal, created=True)
     assert internal["visibility"] == "internal"
     await wait_idle(client, sid)

@@ -6,8 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,47 +15,36 @@ import pytest
 
 from app.live.streams import StreamConfig, message_mutations, upstream_events
 from app.settings import Settings
-from tests.conftest import LANES, Running, Server, start_server
-from tests.sse_client import (
-    Frame,
-    SSEStream,
+from tests.conftest import Running, Server, start_server
+from tests.helpers import (
+    api_fixture,
+    assert_too_many,
     create_session,
-    events,
-    lane_database_url,
+    get_session,
     list_events,
     list_messages,
-    open_stream,
+    live_server_fixture,
     post_message,
+    server_process,
+    uuid_of,
     wait_idle,
+    wait_until,
+)
+from tests.sse_client import (
+    DELTA,
+    Frame,
+    SSEStream,
+    agent_done,
+    events,
+    expect_connected,
+    is_delta,
+    is_idled,
+    open_stream,
+    session_streams,
 )
 
-DELTA = "output.message.delta"
-
-
-@pytest.fixture(scope="module", params=LANES)
-def live_server(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    directory = tmp_path_factory.mktemp("stream-limits")
-    server = start_server(
-        lane_database_url(request, directory), directory, SCRIPTED_DELAY_MS="10"
-    )
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-async def api(live_server: Server) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=live_server.url, timeout=10) as client:
-        yield client
-
-
-def is_delta(frame: Frame) -> bool:
-    return frame.event == DELTA
-
-
-def is_idled(frame: Frame) -> bool:
-    return frame.event == "session.idled"
+live_server = live_server_fixture("stream-limits", SCRIPTED_DELAY_MS="10")
+api = api_fixture()
 
 
 # ---- stop is not disconnect -----------------------------------------------------------
@@ -66,17 +54,12 @@ async def test_disconnecting_mid_turn_does_not_cancel_it(
     api: httpx.AsyncClient,
 ) -> None:
     sid = await create_session(api)
-    async with (
-        open_stream(api, f"/v1/sessions/{sid}/sse") as sse,
-        open_stream(api, f"/v1/sessions/{sid}/messages/stream") as mutations,
-    ):
-        connected = await sse.next(5)
-        assert connected is not None
+    async with session_streams(api, sid) as (sse, mutations):
         await post_message(api, sid, "/scenario long 40")
         for _ in range(3):
             await sse.until(is_delta, 10)
         await mutations.until(lambda f: f.event == "delta", 10)
-        assert (await api.get(f"/v1/sessions/{sid}")).json()["status"] == "active"
+        assert (await get_session(api, sid))["status"] == "active"
     # Every client is gone mid-stream; the turn runs to its end regardless.
     await wait_idle(api, sid)
     names = [e["type"] for e in await list_events(api, sid)]
@@ -94,8 +77,7 @@ async def test_cancel_stops_the_turn_and_closes_the_message_with_an_error(
 ) -> None:
     sid = await create_session(api)
     async with open_stream(api, f"/v1/sessions/{sid}/sse") as sse:
-        connected = await sse.next(5)
-        assert connected is not None
+        await expect_connected(sse)
         posted = await post_message(api, sid, "/scenario long 500")
         for _ in range(3):
             await sse.until(is_delta, 10)
@@ -135,18 +117,16 @@ async def test_cancel_stops_the_turn_and_closes_the_message_with_an_error(
 # ---- connection limits ----------------------------------------------------------------
 
 
-def assert_too_many(stream: SSEStream, detail: str) -> None:
-    response = stream.response
-    assert response.status_code == 429, response.text
-    assert response.headers["content-type"].startswith("application/problem+json")
-    retry_after = response.headers.get("retry-after")
-    assert retry_after is not None
-    assert retry_after.isdigit()
-    assert int(retry_after) > 0
-    body = response.json()
-    assert body["status"] == 429
-    assert body["detail"] == detail
-    assert body["title"]
+@contextlib.asynccontextmanager
+async def own_server(
+    settings: Settings, tmp_path: Path, **env: str
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A server of the test's own, configured by `env`, and a client of it."""
+    async with (
+        server_process(settings.database_url, tmp_path, **env) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=10) as api,
+    ):
+        yield api
 
 
 async def open_until_admitted(
@@ -164,60 +144,54 @@ async def open_until_admitted(
 
 
 async def test_per_session_stream_limit(settings: Settings, tmp_path: Path) -> None:
-    server = start_server(settings.database_url, tmp_path, SSE_MAX_PER_SESSION="2")
-    try:
-        async with httpx.AsyncClient(base_url=server.url, timeout=10) as api:
-            sid = await create_session(api)
-            other = await create_session(api)
-            sse = f"/v1/sessions/{sid}/sse"
-            mutations = f"/v1/sessions/{sid}/messages/stream"
-            async with (
-                open_stream(api, sse) as first,
-                open_stream(api, mutations) as second,
-            ):
-                assert (first.status_code, second.status_code) == (200, 200)
-                for url in (sse, mutations):
-                    async with open_stream(api, url) as refused:
-                        assert_too_many(
-                            refused, "per-session SSE connection limit reached"
-                        )
-                # Another session has slots of its own.
-                async with open_stream(api, f"/v1/sessions/{other}/sse") as elsewhere:
-                    assert elsewhere.status_code == 200
-                # Refusals did not take a slot: the open streams still work.
-                await post_message(api, sid, "still live")
-                await first.until(is_idled, 10)
-            # Closed streams give their slots back.
-            await open_until_admitted(api, sse)
-            async with open_stream(api, sse) as again, open_stream(api, sse) as more:
-                assert (again.status_code, more.status_code) == (200, 200)
-    finally:
-        server.stop()
+    async with own_server(settings, tmp_path, SSE_MAX_PER_SESSION="2") as api:
+        sid = await create_session(api)
+        other = await create_session(api)
+        sse = f"/v1/sessions/{sid}/sse"
+        mutations = f"/v1/sessions/{sid}/messages/stream"
+        async with (
+            open_stream(api, sse) as first,
+            open_stream(api, mutations) as second,
+        ):
+            assert (first.status_code, second.status_code) == (200, 200)
+            for url in (sse, mutations):
+                async with open_stream(api, url) as refused:
+                    assert_too_many(
+                        refused.response,
+                        detail="per-session SSE connection limit reached",
+                    )
+            # Another session has slots of its own.
+            async with open_stream(api, f"/v1/sessions/{other}/sse") as elsewhere:
+                assert elsewhere.status_code == 200
+            # Refusals did not take a slot: the open streams still work.
+            await post_message(api, sid, "still live")
+            await first.until(is_idled, 10)
+        # Closed streams give their slots back.
+        await open_until_admitted(api, sse)
+        async with open_stream(api, sse) as again, open_stream(api, sse) as more:
+            assert (again.status_code, more.status_code) == (200, 200)
 
 
 async def test_per_process_stream_limit(settings: Settings, tmp_path: Path) -> None:
-    server = start_server(settings.database_url, tmp_path, SSE_MAX_PER_PROCESS="3")
-    try:
-        async with httpx.AsyncClient(base_url=server.url, timeout=10) as api:
-            sids = [await create_session(api) for _ in range(4)]
-            async with (
-                open_stream(api, f"/v1/sessions/{sids[0]}/sse") as a,
-                open_stream(api, f"/v1/sessions/{sids[1]}/messages/stream") as b,
-                open_stream(api, f"/v1/sessions/{sids[2]}/sse") as c,
+    async with own_server(settings, tmp_path, SSE_MAX_PER_PROCESS="3") as api:
+        sids = [await create_session(api) for _ in range(4)]
+        async with (
+            open_stream(api, f"/v1/sessions/{sids[0]}/sse") as a,
+            open_stream(api, f"/v1/sessions/{sids[1]}/messages/stream") as b,
+            open_stream(api, f"/v1/sessions/{sids[2]}/sse") as c,
+        ):
+            assert [s.status_code for s in (a, b, c)] == [200, 200, 200]
+            for url in (
+                f"/v1/sessions/{sids[3]}/sse",
+                f"/v1/sessions/{sids[3]}/messages/stream",
+                f"/v1/sessions/{sids[0]}/sse",
             ):
-                assert [s.status_code for s in (a, b, c)] == [200, 200, 200]
-                for url in (
-                    f"/v1/sessions/{sids[3]}/sse",
-                    f"/v1/sessions/{sids[3]}/messages/stream",
-                    f"/v1/sessions/{sids[0]}/sse",
-                ):
-                    async with open_stream(api, url) as refused:
-                        assert_too_many(
-                            refused, "SSE connection limit for this server reached"
-                        )
-            await open_until_admitted(api, f"/v1/sessions/{sids[3]}/sse")
-    finally:
-        server.stop()
+                async with open_stream(api, url) as refused:
+                    assert_too_many(
+                        refused.response,
+                        detail="SSE connection limit for this server reached",
+                    )
+        await open_until_admitted(api, f"/v1/sessions/{sids[3]}/sse")
 
 
 # ---- heartbeats and connection cycling ------------------------------------------------
@@ -294,42 +268,24 @@ async def test_open_streams_hold_no_pooled_connection(running: Running) -> None:
     database = state.database
     reader, writer = database.reader.pool, database.writer.pool
     sid = await create_session(running.client)
-    session_uuid = uuid.UUID(hex=sid.removeprefix("session_"))
+    session_uuid = uuid_of(sid)
     baseline = (reader.checkedout(), writer.checkedout())
     config = StreamConfig(retry_ms=100, cycle_seconds=60)
     streams: list[AsyncGenerator[bytes, None]] = []
     for index in range(20):
-        slot = state.limits.acquire(session_uuid)
-        if index % 2:
-            streams.append(
-                cast(
-                    AsyncGenerator[bytes, None],
-                    message_mutations(
-                        database=database,
-                        fanout=state.fanout,
-                        session_id=session_uuid,
-                        after=0,
-                        include_internal=False,
-                        config=config,
-                        release=slot.release,
-                    ),
-                )
-            )
-        else:
-            streams.append(
-                cast(
-                    AsyncGenerator[bytes, None],
-                    upstream_events(
-                        database=database,
-                        fanout=state.fanout,
-                        session_id=session_uuid,
-                        cursor=None,
-                        accept=lambda _: True,
-                        config=config,
-                        release=slot.release,
-                    ),
-                )
-            )
+        common: dict[str, Any] = {
+            "database": database,
+            "fanout": state.fanout,
+            "session_id": session_uuid,
+            "config": config,
+            "release": state.limits.acquire(session_uuid).release,
+        }
+        stream = (
+            message_mutations(**common, after=0, include_internal=False)
+            if index % 2
+            else upstream_events(**common, cursor=None, accept=lambda _: True)
+        )
+        streams.append(cast(AsyncGenerator[bytes, None], stream))
     received: list[list[bytes]] = [[] for _ in streams]
 
     async def consume(stream: AsyncGenerator[bytes, None], out: list[bytes]) -> None:
@@ -341,11 +297,8 @@ async def test_open_streams_hold_no_pooled_connection(running: Running) -> None:
         for stream, out in zip(streams, received, strict=True)
     ]
 
-    async def settle(predicate: Any, what: str) -> None:
-        deadline = time.monotonic() + 10
-        while not predicate():
-            assert time.monotonic() < deadline, what
-            await asyncio.sleep(0.02)
+    async def settle(predicate: Callable[[], bool], what: str) -> None:
+        await wait_until(predicate, what, within=10, interval=0.02)
 
     try:
         await settle(
@@ -395,44 +348,30 @@ async def test_twenty_streams_over_http_leave_the_pool_free(
 ) -> None:
     """More open streams than the pool has connections (SQLite readers: 16; PostgreSQL:
     2 here), and the service still answers and runs a turn."""
-    server = start_server(
-        settings.database_url,
+    async with own_server(
+        settings,
         tmp_path,
         DB_POOL_SIZE="2",
         DB_MAX_OVERFLOW="0",
         DB_POOL_TIMEOUT_SECONDS="3",
-    )
-    try:
-        async with httpx.AsyncClient(base_url=server.url, timeout=10) as api:
-            sid = await create_session(api)
-            urls = [
-                f"/v1/sessions/{sid}/sse"
-                if i % 2 == 0
-                else f"/v1/sessions/{sid}/messages/stream"
-                for i in range(20)
+    ) as api:
+        sid = await create_session(api)
+        urls = [
+            f"/v1/sessions/{sid}/sse"
+            if i % 2 == 0
+            else f"/v1/sessions/{sid}/messages/stream"
+            for i in range(20)
+        ]
+        async with contextlib.AsyncExitStack() as stack:
+            streams = [
+                await stack.enter_async_context(open_stream(api, u)) for u in urls
             ]
-            async with contextlib.AsyncExitStack() as stack:
-                streams = [
-                    await stack.enter_async_context(open_stream(api, u)) for u in urls
-                ]
-                assert all(s.status_code == 200 for s in streams)
-                started = time.monotonic()
-                listed = await api.get(f"/v1/sessions/{sid}/messages")
-                assert listed.status_code == 200
-                assert time.monotonic() - started < 2
-                await post_message(api, sid, "twenty listeners")
-                for index, stream in enumerate(streams):
-                    if index % 2 == 0:
-                        await stream.until(is_idled, 15)
-                    else:
-                        await stream.until(
-                            lambda f: (
-                                f.event == "message"
-                                and f.json()["message"]["state"] == "done"
-                                and f.json()["message"]["role"] == "agent"
-                            ),
-                            15,
-                        )
-                await wait_idle(api, sid)
-    finally:
-        server.stop()
+            assert all(s.status_code == 200 for s in streams)
+            started = time.monotonic()
+            listed = await api.get(f"/v1/sessions/{sid}/messages")
+            assert listed.status_code == 200
+            assert time.monotonic() - started < 2
+            await post_message(api, sid, "twenty listeners")
+            for index, stream in enumerate(streams):
+                await stream.until(is_idled if index % 2 == 0 else agent_done, 15)
+            await wait_idle(api, sid)

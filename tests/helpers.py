@@ -1,0 +1,387 @@
+"""What the test modules share besides the SSE client (tests/sse_client.py): the session
+API as plain calls, waits with a deadline, problem+json checks, database snapshots, the
+app in process, the CLI, and server processes (one per test, or one per lane shared by
+the tests of a module)."""
+
+import asyncio
+import functools
+import inspect
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from app.db import models
+from app.db.session import Database
+from app.main import create_app
+from app.settings import Settings
+from tests.conftest import LANES, ROOT, Running, Server, start_server, truncate
+
+PROBLEM_JSON = "application/problem+json"
+ERROR_TYPE_BASE = "https://docs.everruns.com/errors/"
+KEY_PATTERN = re.compile(r"evm_[0-9a-f]{64}")
+
+# The durable events of a plain turn, and of one that calls a tool, in upstream's order.
+TURN_EVENTS = [
+    "input.message",
+    "session.activated",
+    "turn.started",
+    "output.message.started",
+    "output.message.completed",
+    "turn.completed",
+    "session.idled",
+]
+TOOL_TURN_EVENTS = [
+    *TURN_EVENTS[:5],
+    "tool.started",
+    "tool.completed",
+    *TURN_EVENTS[4:],
+]
+
+
+# ---- bodies, headers and ids ----------------------------------------------------------
+
+
+def text_body(text: str = "hello", **extra: Any) -> dict[str, Any]:
+    """A message request body with one text part; `extra` are top-level fields."""
+    return {"message": {"content": [{"type": "text", "text": text}]}, **extra}
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def uuid_of(wire_id: str) -> uuid.UUID:
+    """The UUID of a prefixed wire id (`session_<32 hex>`, `event_<32 hex>`, ...)."""
+    return uuid.UUID(hex=wire_id.partition("_")[2])
+
+
+def text_of(message: dict[str, Any]) -> str:
+    """The text parts of a message, joined."""
+    return "".join(p.get("text", "") for p in message["content"] if p["type"] == "text")
+
+
+# ---- waiting --------------------------------------------------------------------------
+
+
+async def wait_until(
+    check: Callable[[], bool | Awaitable[bool]],
+    what: str,
+    within: float = 15.0,
+    interval: float = 0.05,
+) -> None:
+    """Poll `check` (plain or async) until it holds; AssertionError after `within` s."""
+    deadline = time.monotonic() + within
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+# ---- the session API ------------------------------------------------------------------
+
+
+async def create_session(
+    client: httpx.AsyncClient,
+    title: str = "test",
+    *,
+    headers: dict[str, str] | None = None,
+) -> str:
+    response = await client.post("/v1/sessions", json={"title": title}, headers=headers)
+    assert response.status_code == 201, response.text
+    session_id: str = response.json()["id"]
+    return session_id
+
+
+async def get_session(
+    client: httpx.AsyncClient,
+    session_id: str,
+    *,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    response = await client.get(f"/v1/sessions/{session_id}", headers=headers)
+    assert response.status_code == 200, response.text
+    session: dict[str, Any] = response.json()
+    return session
+
+
+async def post_message(
+    client: httpx.AsyncClient,
+    session_id: str,
+    text: str,
+    *,
+    headers: dict[str, str] | None = None,
+    **message: Any,
+) -> dict[str, Any]:
+    """POST a text message (`message` adds fields to it, e.g. `visibility`); the 201
+    body."""
+    response = await client.post(
+        f"/v1/sessions/{session_id}/messages",
+        json={"message": {"content": [{"type": "text", "text": text}], **message}},
+        headers=headers,
+    )
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def list_messages(
+    client: httpx.AsyncClient, session_id: str, **params: Any
+) -> dict[str, Any]:
+    """The messages page (up to 200 messages unless `params` say otherwise)."""
+    response = await client.get(
+        f"/v1/sessions/{session_id}/messages", params={"limit": 200, **params}
+    )
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def list_events(
+    client: httpx.AsyncClient, session_id: str
+) -> list[dict[str, Any]]:
+    response = await client.get(
+        f"/v1/sessions/{session_id}/events", params={"limit": 1000}
+    )
+    assert response.status_code == 200, response.text
+    data: list[dict[str, Any]] = response.json()["data"]
+    return data
+
+
+async def wait_idle(
+    client: httpx.AsyncClient,
+    session_id: str,
+    within: float = 20.0,
+    *,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Poll the session until no turn runs; returns the session."""
+    deadline = time.monotonic() + within
+    while True:
+        session = await get_session(client, session_id, headers=headers)
+        if session["status"] == "idle":
+            return session
+        assert time.monotonic() < deadline, (
+            f"session {session_id} still {session['status']} after {within}s"
+        )
+        await asyncio.sleep(0.05)
+
+
+# ---- problem+json ---------------------------------------------------------------------
+
+
+def find_nulls(value: Any, path: str = "$") -> list[str]:
+    """The JSON paths of every null in `value`."""
+    if value is None:
+        return [path]
+    if isinstance(value, dict):
+        return [n for k, v in value.items() for n in find_nulls(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [n for i, v in enumerate(value) for n in find_nulls(v, f"{path}[{i}]")]
+    return []
+
+
+def assert_problem(
+    response: httpx.Response,
+    status: int,
+    *,
+    detail: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
+    """The response is problem+json with `title` and `status`, no null fields, and the
+    optional members consistent with each other."""
+    context = f"{response.request.method} {response.request.url} -> {response.status_code} {response.text}"
+    assert response.status_code == status, context
+    media_type = response.headers["content-type"].split(";")[0].strip()
+    assert media_type == PROBLEM_JSON, context
+    body = response.json()
+    assert isinstance(body, dict), context
+    assert body["title"] == HTTPStatus(status).phrase, context
+    assert body["status"] == status, context
+    assert find_nulls(body) == [], context
+    assert "Traceback" not in response.text, context
+    if "detail" in body:
+        assert isinstance(body["detail"], str) and body["detail"], context
+    if "code" in body:
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", body["code"]), context
+        assert body.get("type") == ERROR_TYPE_BASE + body["code"], context
+    if "instance" in body:
+        assert body["instance"] == response.request.url.path, context
+    if detail is not None:
+        assert body.get("detail") == detail, context
+    if code is not None:
+        assert body.get("code") == code, context
+    assert re.fullmatch(r"[0-9a-f]{32}", response.headers["x-request-id"]), context
+    return body
+
+
+def assert_too_many(
+    response: httpx.Response, *, detail: str | None = None, code: str | None = None
+) -> int:
+    """A 429 problem with a positive whole number of seconds in Retry-After; returns
+    them."""
+    assert_problem(response, 429, detail=detail, code=code)
+    retry_after = response.headers.get("retry-after")
+    assert retry_after is not None and retry_after.isdigit(), response.headers
+    assert int(retry_after) >= 1, response.headers
+    return int(retry_after)
+
+
+# ---- the database ---------------------------------------------------------------------
+
+Rows = dict[str, list[tuple[Any, ...]]]
+
+
+async def table_rows(database: Database) -> Rows:
+    """Every row of every table, ordered: equal snapshots mean nothing was written."""
+    out: Rows = {}
+    async with database.read() as db:
+        for model in (models.Session, models.Message, models.Event, models.ApiKey):
+            table = model.__table__
+            result = await db.execute(select(*table.columns).order_by(table.c.id))
+            out[model.__tablename__] = [tuple(row) for row in result.all()]
+    return out
+
+
+# ---- the app in process ---------------------------------------------------------------
+
+
+@asynccontextmanager
+async def running_app(settings: Settings) -> AsyncIterator[Running]:
+    """The app with its lifespan, called in-process, as the `running` fixture does."""
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://test"
+        ) as client:
+            yield Running(app, client)
+
+
+# ---- the CLI --------------------------------------------------------------------------
+
+
+async def run_cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m app <args>` on `database_url`, with its stdout and stderr."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "app", *args],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def create_cli_key(database_url: str, org: str, name: str | None = None) -> str:
+    """`keys create`: stdout is exactly the new key, which stderr never shows."""
+    extra = ["--name", name] if name else []
+    result = await run_cli(database_url, "keys", "create", "--org", org, *extra)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1, f"stdout must hold exactly the key: {result.stdout!r}"
+    key = lines[0]
+    assert KEY_PATTERN.fullmatch(key), key
+    assert key not in result.stderr
+    return key
+
+
+# ---- server processes -----------------------------------------------------------------
+
+
+@asynccontextmanager
+async def server_process(
+    database_url: str, tmp_path: Path, *, kill: bool = False, **env: str
+) -> AsyncIterator[Server]:
+    """A real server (see `start_server`) for the block: stopped after it, or killed
+    with `kill`."""
+    server = await asyncio.to_thread(start_server, database_url, tmp_path, **env)
+    try:
+        yield server
+    finally:
+        await asyncio.to_thread(server.kill if kill else server.stop)
+
+
+async def start_own_server(database_url: str, tmp_path: Path, **env: str) -> Server:
+    """`start_server` at info level, confirmed to be our process: its /health probe is
+    answered by whatever holds the port, and a free port can be taken by another
+    process (another test run on this machine) before our server binds it. Only our
+    server logs that it bound the port; if it could not, start another."""
+    env = {"LOG_LEVEL": "info", **env}
+    for _ in range(3):
+        server = await asyncio.to_thread(
+            functools.partial(start_server, database_url, tmp_path, None, **env)
+        )
+        bound = f"Uvicorn running on {server.url}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and server.process.poll() is None:
+            if bound in server.log.read_text(errors="replace"):
+                return server
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(server.stop)
+    raise AssertionError(f"no server of our own started: {server.log.read_text()}")
+
+
+def lane_database_url(request: pytest.FixtureRequest, directory: Path) -> str:
+    """A migrated database on the lane `request.param` ("sqlite" or "postgresql"), for
+    a server shared by the tests of one module (each test uses sessions of its own)."""
+    if request.param == "sqlite":
+        template: Path = request.getfixturevalue("sqlite_template")
+        path = directory / "live.db"
+        shutil.copy(template, path)
+        return f"sqlite+aiosqlite:///{path}"
+    url: str = request.getfixturevalue("pg_database")
+    # Start from an empty database: keys or sessions left by earlier modules would change
+    # what this server answers (a key makes every request need one).
+    asyncio.run(truncate(url))
+    return url
+
+
+def live_server_fixture(name: str, **env: str) -> Any:
+    """A module's `live_server` fixture: one real server process per lane, shared by
+    the module's tests (each uses sessions of its own). `env` configures the server.
+
+        live_server = live_server_fixture("live-turn")
+    """
+
+    @pytest.fixture(scope="module", params=LANES)
+    def live_server(
+        request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[Server]:
+        directory = tmp_path_factory.mktemp(name)
+        server = start_server(lane_database_url(request, directory), directory, **env)
+        yield server
+        server.stop()
+
+    return live_server
+
+
+def api_fixture() -> Any:
+    """A module's `api` fixture (`api = api_fixture()`): an HTTP client of its
+    `live_server`."""
+
+    @pytest.fixture
+    async def api(live_server: Server) -> AsyncIterator[httpx.AsyncClient]:
+        async with httpx.AsyncClient(base_url=live_server.url, timeout=10) as client:
+            yield client
+
+    return api
