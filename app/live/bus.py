@@ -13,8 +13,9 @@ missed wake-up can delay a subscriber but never lose anything.
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -116,9 +117,10 @@ class PgBus(Bus):
         self._sender: asyncpg.Connection | None = None
         self._send_lock = asyncio.Lock()
         self._supervisor: asyncio.Task[None] | None = None
-        self._connected = asyncio.Event()
         self._stopping = False
-        self.on_reconnect: list[Callable[[], Awaitable[None]]] = []
+        # While PostgreSQL refuses the notify connection, live items are dropped without
+        # a connection attempt (and a warning) for every one of them.
+        self._sender_retry_at = 0.0
 
     async def start(self) -> None:
         await self._connect()
@@ -132,7 +134,6 @@ class PgBus(Bus):
         )
         await listener.add_listener(CHANNEL, self._on_notify)
         self._listener = listener
-        self._connected.set()
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:
@@ -149,18 +150,17 @@ class PgBus(Bus):
             listener = self._listener
             if listener is not None and not listener.is_closed():
                 continue
-            self._connected.clear()
             try:
                 await self._connect()
-            except (OSError, asyncpg.PostgresError) as exc:
+            except Exception as exc:
+                # Whatever the failure, try again: a supervisor that dies leaves this
+                # process deaf to the bus until it restarts.
                 log.warning("bus listener reconnect failed: %s", exc)
                 continue
             log.info("bus listener reconnected")
             # Anything published while we were deaf is in the database: wake every
             # local subscriber so it re-reads from its cursor.
             self.sink({"k": "resync"})
-            for callback in self.on_reconnect:
-                await callback()
 
     async def stop(self) -> None:
         self._stopping = True
@@ -185,6 +185,8 @@ class PgBus(Bus):
             )
 
     async def publish(self, item: dict[str, Any]) -> None:
+        if time.monotonic() < self._sender_retry_at:
+            return
         payloads = split_payload(item)
         async with self._send_lock:
             try:
@@ -197,10 +199,17 @@ class PgBus(Bus):
                     await self._sender.execute(
                         "SELECT pg_notify($1, $2)", CHANNEL, payload.decode()
                     )
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except (
+                OSError,
+                asyncpg.PostgresError,
+                asyncpg.InterfaceError,
+                # Raised by a connection that broke in the middle of an operation.
+                asyncpg.InternalClientError,
+            ) as exc:
                 # Live items are ephemeral: while PostgreSQL is unreachable they are
                 # dropped, and subscribers converge on the next committed snapshot.
-                log.warning("bus publish failed, item dropped: %s", exc)
+                log.warning("bus publish failed, live items dropped for 0.5 s: %s", exc)
+                self._sender_retry_at = time.monotonic() + 0.5
                 if self._sender is not None and not self._sender.is_closed():
                     self._sender.terminate()
                 self._sender = None
