@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.routing import APIRoute
 from starlette.middleware.cors import CORSMiddleware
 
@@ -128,7 +128,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/health", tags=["health"])
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health(request: Request) -> dict[str, str]:
+        """Liveness, and whether this process currently hears the bus (PostgreSQL
+        `LISTEN` connection up, or the in-process bus)."""
+        bus = request.app.state.app.bus
+        return {"status": "ok", "bus": "connected" if bus.healthy else "reconnecting"}
 
     return app

@@ -32,8 +32,6 @@ CHANNEL = "evermirror"
 # PostgreSQL refuses NOTIFY payloads of 8000 bytes or more; leave room for the envelope.
 MAX_NOTIFY_BYTES = 7000
 
-Wakeup = tuple[uuid.UUID, int]
-
 
 def wakeup_item(session_id: uuid.UUID, sequence: int) -> dict[str, Any]:
     return {"k": "w", "s": session_id.hex, "q": sequence}

@@ -31,10 +31,6 @@ class Checkpoint:
     message: models.Message | None
     events: list[models.Event]
 
-    @property
-    def sequence(self) -> int:
-        return self.events[-1].sequence
-
 
 def note_wakeup(db: AsyncSession, session_id: uuid.UUID, sequence: int) -> None:
     db.info.setdefault("wakeups", []).append((session_id, sequence))
