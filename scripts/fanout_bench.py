@@ -4,7 +4,9 @@ delivery latency (server timestamp -> client receipt), for 1 subscriber and for 
 side, and their ratio.
 
     .venv/bin/python scripts/fanout_bench.py [--subscribers 200] [--deltas 500]
-        [--delay-ms 2] [--database-url postgresql+asyncpg://postgres@127.0.0.1:5432/test]
+        [--delay-ms 2] [--database-url postgresql+asyncpg://postgres@127.0.0.1:5432/<scratch db>]
+
+The server migrates the database it is given: point it at a scratch database.
 """
 
 import argparse

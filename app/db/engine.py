@@ -19,7 +19,11 @@ def _sqlite_file(url: str) -> Path | None:
 
 
 def _install_sqlite_hooks(
-    engine: AsyncEngine, *, immediate: bool, busy_timeout_ms: int
+    engine: AsyncEngine,
+    *,
+    immediate: bool,
+    busy_timeout_ms: int,
+    foreign_keys: bool = True,
 ) -> None:
     begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
 
@@ -31,8 +35,9 @@ def _install_sqlite_hooks(
         cursor = dbapi_connection.cursor()
         # WAL: readers never block the writer and the writer never blocks readers.
         cursor.execute("PRAGMA journal_mode=WAL")
-        # Enforce ON DELETE CASCADE from sessions to events and messages.
-        cursor.execute("PRAGMA foreign_keys=ON")
+        # Enforce ON DELETE CASCADE from sessions to events and messages. Migrations turn
+        # it off: a batch table rebuild would otherwise cascade-delete every child row.
+        cursor.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
         # Wait for another process's write lock instead of failing with "database is locked".
         cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         # With WAL, NORMAL is durable across application crashes (only an OS crash can
@@ -93,27 +98,14 @@ def create_engines(settings: Settings) -> tuple[AsyncEngine, AsyncEngine]:
 
 
 def create_migration_engine(url: str) -> AsyncEngine:
-    """A single-connection engine for Alembic, with plain BEGIN handling."""
+    """A single-connection engine for Alembic: a writer with foreign keys off."""
     if url.startswith("sqlite"):
         path = _sqlite_file(url)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url, pool_size=1, max_overflow=0)
-
-        @event.listens_for(engine.sync_engine, "connect")
-        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-            dbapi_connection.isolation_level = None
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            # Batch migrations rebuild tables; with FKs on, dropping the old table would
-            # cascade-delete every child row.
-            cursor.execute("PRAGMA foreign_keys=OFF")
-            cursor.execute("PRAGMA busy_timeout=30000")
-            cursor.close()
-
-        @event.listens_for(engine.sync_engine, "begin")
-        def _on_begin(conn: Any) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-
+        _install_sqlite_hooks(
+            engine, immediate=True, busy_timeout_ms=30_000, foreign_keys=False
+        )
         return engine
     return create_async_engine(url, pool_size=1, max_overflow=0)
