@@ -27,10 +27,7 @@ import argparse
 import asyncio
 import json
 import random
-import shutil
 import sqlite3
-import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -42,13 +39,10 @@ import asyncpg
 import httpx
 from faultkit import (
     ServerProcess,
+    add_database_options,
     asyncpg_dsn,
-    exit_on_sigterm,
-    migrate,
-    pg_admin,
-    run,
+    run_with_server,
     text_body,
-    with_database,
 )
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -358,14 +352,7 @@ async def scenario(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--database", choices=("sqlite", "postgresql"), default="sqlite"
-    )
-    parser.add_argument(
-        "--pg-url",
-        default="postgresql+asyncpg://postgres@127.0.0.1:5432/postgres",
-        help="a PostgreSQL server on which to create (and drop) evm_fault_<hex>",
-    )
+    add_database_options(parser)
     parser.add_argument("--kills", type=int, default=6)
     parser.add_argument("--writers", type=int, default=16)
     parser.add_argument("--min-gap", type=float, default=1.0)
@@ -373,45 +360,13 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=int, default=5)
     parser.add_argument("--seed", type=int)
     args = parser.parse_args()
-    exit_on_sigterm()
-    tmp = Path(tempfile.mkdtemp(prefix="evm_fault_k9_"))
-    sqlite_path: Path | None = None
-    pg_name: str | None = None
-    if args.database == "sqlite":
-        sqlite_path = tmp / "kill9.db"
-        url = f"sqlite+aiosqlite:///{sqlite_path}"
-    else:
-        pg_name = f"evm_fault_{uuid.uuid4().hex[:12]}"
-        run(pg_admin(args.pg_url, f'CREATE DATABASE "{pg_name}"'))
-        url = with_database(args.pg_url, pg_name)
-    server = ServerProcess(
-        url,
-        tmp,
-        env={
-            "SCRIPTED_DELAY_MS": str(args.delay_ms),
-            "RUNNER_SWEEP_SECONDS": "1",
-            "AUTO_MIGRATE": "false",
-        },
+    env = {"SCRIPTED_DELAY_MS": str(args.delay_ms), "RUNNER_SWEEP_SECONDS": "1"}
+    run_with_server(
+        args,
+        prefix="evm_fault_k9_",
+        env=env,
+        scenario=lambda server, sqlite_path: scenario(server, args, sqlite_path),
     )
-    ok = False
-    try:
-        migrate(url)
-        server.start()
-        print(f"server pid {server.pid} on {server.url}, database {url}")
-        ok = run(scenario(server, args, sqlite_path))
-    finally:
-        server.stop()
-        if pg_name is not None:
-            run(
-                pg_admin(
-                    args.pg_url, f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)'
-                )
-            )
-        if ok:
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            print(f"logs and database kept in {tmp}")
-    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

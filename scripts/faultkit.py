@@ -6,6 +6,7 @@ Not a test module and not part of the service: the scripts import it from their 
 directory (`python scripts/<name>.py` puts scripts/ on sys.path).
 """
 
+import argparse
 import asyncio
 import contextlib
 import math
@@ -19,10 +20,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import asyncpg
 import httpx
@@ -451,3 +452,55 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     except ImportError:
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+def add_database_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database", choices=("sqlite", "postgresql"), default="sqlite"
+    )
+    parser.add_argument(
+        "--pg-url",
+        default="postgresql+asyncpg://postgres@127.0.0.1:5432/postgres",
+        help="a PostgreSQL server on which to create (and drop) evm_fault_<hex>",
+    )
+
+
+def run_with_server(
+    args: argparse.Namespace,
+    *,
+    prefix: str,
+    env: dict[str, str],
+    scenario: Callable[[ServerProcess, Path | None], Coroutine[Any, Any, bool]],
+) -> NoReturn:
+    """A scratch database (a SQLite file, or evm_fault_<hex> on --pg-url), migrated, a
+    server on it, the scenario run against it (with the SQLite file's path, if any), then
+    everything removed; kept for inspection when the scenario fails. Exits 0 only if it
+    passed."""
+    exit_on_sigterm()
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    sqlite_path: Path | None = None
+    pg_name: str | None = None
+    if args.database == "sqlite":
+        sqlite_path = tmp / "fault.db"
+        url = f"sqlite+aiosqlite:///{sqlite_path}"
+    else:
+        pg_name = f"evm_fault_{uuid.uuid4().hex[:12]}"
+        run(pg_admin(args.pg_url, f'CREATE DATABASE "{pg_name}"'))
+        url = with_database(args.pg_url, pg_name)
+    server = ServerProcess(url, tmp, env={**env, "AUTO_MIGRATE": "false"})
+    ok = False
+    try:
+        migrate(url)
+        server.start()
+        print(f"server pid {server.pid} on {server.url}, database {url}")
+        ok = run(scenario(server, sqlite_path))
+    finally:
+        server.stop()
+        if pg_name is not None:
+            drop = f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)'
+            run(pg_admin(args.pg_url, drop))
+        if ok:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"server log and database kept in {tmp}")
+    sys.exit(0 if ok else 1)

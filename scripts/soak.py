@@ -27,14 +27,10 @@ import argparse
 import asyncio
 import contextlib
 import random
-import shutil
-import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -43,17 +39,14 @@ from faultkit import (
     MutationView,
     ServerProcess,
     StreamRefused,
+    add_database_options,
     all_messages,
     compare_view,
-    exit_on_sigterm,
     median,
-    migrate,
     percentile,
-    pg_admin,
     raw_stream,
-    run,
+    run_with_server,
     text_body,
-    with_database,
 )
 
 SCENARIOS = (
@@ -406,55 +399,21 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=int, default=10)
     parser.add_argument("--cycle-seconds", type=float, default=60.0)
     parser.add_argument("--rss-bound-mb", type=float, default=32.0)
-    parser.add_argument(
-        "--database", choices=("sqlite", "postgresql"), default="sqlite"
-    )
-    parser.add_argument(
-        "--pg-url",
-        default="postgresql+asyncpg://postgres@127.0.0.1:5432/postgres",
-        help="a PostgreSQL server on which to create (and drop) evm_fault_<hex>",
-    )
+    add_database_options(parser)
     args = parser.parse_args()
-    exit_on_sigterm()
-    tmp = Path(tempfile.mkdtemp(prefix="evm_soak_"))
-    pg_name: str | None = None
-    if args.database == "sqlite":
-        url = f"sqlite+aiosqlite:///{tmp}/soak.db"
-    else:
-        pg_name = f"evm_fault_soak_{uuid.uuid4().hex[:10]}"
-        run(pg_admin(args.pg_url, f'CREATE DATABASE "{pg_name}"'))
-        url = with_database(args.pg_url, pg_name)
-    server = ServerProcess(
-        url,
-        tmp,
-        env={
-            "SCRIPTED_DELAY_MS": str(args.delay_ms),
-            "SSE_MAX_PER_SESSION": "100000",
-            "SSE_MAX_PER_PROCESS": "100000",
-            "SSE_CYCLE_SECONDS": str(args.cycle_seconds),
-            "SSE_HEARTBEAT_SECONDS": "15",
-            "AUTO_MIGRATE": "false",
-        },
+    env = {
+        "SCRIPTED_DELAY_MS": str(args.delay_ms),
+        "SSE_MAX_PER_SESSION": "100000",
+        "SSE_MAX_PER_PROCESS": "100000",
+        "SSE_CYCLE_SECONDS": str(args.cycle_seconds),
+        "SSE_HEARTBEAT_SECONDS": "15",
+    }
+    run_with_server(
+        args,
+        prefix="evm_soak_",
+        env=env,
+        scenario=lambda server, _sqlite_path: soak(server, args),
     )
-    ok = False
-    try:
-        migrate(url)
-        server.start()
-        print(f"server pid {server.pid} on {server.url}, database {url}")
-        ok = run(soak(server, args))
-    finally:
-        server.stop()
-        if pg_name is not None:
-            run(
-                pg_admin(
-                    args.pg_url, f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)'
-                )
-            )
-        if ok:
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            print(f"server log and database kept in {tmp}")
-    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

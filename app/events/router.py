@@ -44,6 +44,10 @@ TYPE_FILTER_SCHEMA = {
 }
 
 
+# A repeatable `types=` / `exclude=` filter of known event type names.
+TypeFilter = Annotated[list[str] | None, Query(json_schema_extra=TYPE_FILTER_SCHEMA)]
+
+
 @router.get(
     "/sessions/{session_id}/events",
     response_model=schemas.EventList,
@@ -62,12 +66,8 @@ async def list_events(
     ] = None,
     after_sequence: Annotated[int | None, Query(ge=0, le=MAX_INT32)] = None,
     before_sequence: Annotated[int | None, Query(ge=1, le=MAX_INT32)] = None,
-    types: Annotated[
-        list[str] | None, Query(json_schema_extra=TYPE_FILTER_SCHEMA)
-    ] = None,
-    exclude: Annotated[
-        list[str] | None, Query(json_schema_extra=TYPE_FILTER_SCHEMA)
-    ] = None,
+    types: TypeFilter = None,
+    exclude: TypeFilter = None,
     limit: Annotated[
         int | None,
         Query(ge=1, le=1000, description="Return the last N matching events"),

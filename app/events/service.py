@@ -247,3 +247,27 @@ async def list_events(
     rows = await read_event_bodies(db, session_id, flt)
     total = await count_events(db, session_id, flt) if flt.limit is not None else None
     return b'{"data":' + wire.join_array(body for _, _, body in rows) + b"}", total
+
+
+async def event_rows(
+    db: AsyncSession,
+    session_id: uuid.UUID,
+    *,
+    after: int,
+    upto: int | None = None,
+    limit: int | None = None,
+) -> list[tuple[int, uuid.UUID, str, str]]:
+    """(sequence, id, type, body) of the events in (after, upto], oldest first: what the
+    streams replay and the fan-out reads at a wake-up."""
+    stmt = (
+        select(
+            models.Event.sequence, models.Event.id, models.Event.type, models.Event.body
+        )
+        .where(models.Event.session_id == session_id, models.Event.sequence > after)
+        .order_by(models.Event.sequence)
+    )
+    if upto is not None:
+        stmt = stmt.where(models.Event.sequence <= upto)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return [(r[0], r[1], r[2], r[3]) for r in (await db.execute(stmt)).all()]

@@ -20,10 +20,16 @@ from sqlalchemy import select
 
 from app.db import models
 from app.db.session import Database
+from app.events import service as events_service
 
 log = logging.getLogger("app.live.fanout")
 
 Item = dict[str, Any]
+
+
+def event_item(sequence: int, event_id: uuid.UUID, event_type: str, body: str) -> Item:
+    """A durable event as it travels to subscribers."""
+    return {"k": "e", "q": sequence, "id": event_id, "type": event_type, "body": body}
 
 
 @dataclass(eq=False)
@@ -227,22 +233,9 @@ class Fanout:
                 channel.last = upto - 1
             if upto <= channel.last:
                 return []
-            events = (
-                await db.execute(
-                    select(
-                        models.Event.sequence,
-                        models.Event.id,
-                        models.Event.type,
-                        models.Event.body,
-                    )
-                    .where(
-                        models.Event.session_id == channel.session_id,
-                        models.Event.sequence > channel.last,
-                        models.Event.sequence <= upto,
-                    )
-                    .order_by(models.Event.sequence)
-                )
-            ).all()
+            events = await events_service.event_rows(
+                db, channel.session_id, after=channel.last, upto=upto
+            )
             messages = (
                 await db.execute(
                     select(
@@ -266,14 +259,6 @@ class Fanout:
             )
         out: list[Item] = []
         for sequence, event_id, event_type, body in events:
-            out.append(
-                {
-                    "k": "e",
-                    "q": sequence,
-                    "id": event_id,
-                    "type": event_type,
-                    "body": body,
-                }
-            )
+            out.append(event_item(sequence, event_id, event_type, body))
             out.extend(by_sequence.pop(sequence, ()))
         return out

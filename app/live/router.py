@@ -10,7 +10,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from app.deps import OrgId, SessionId, StateDep
 from app.errors import InvalidRequest, problem_responses
 from app.events import service as events_service
-from app.events.router import EVENT_ID_SCHEMA, TYPE_FILTER_SCHEMA, validate_types
+from app.events.router import EVENT_ID_SCHEMA, TypeFilter, validate_types
 from app.events.types import VALID_EVENT_TYPES
 from app.ids import parse_or_400
 from app.live.streams import StreamConfig, message_mutations, upstream_events
@@ -169,12 +169,8 @@ async def stream_sse(
         int | None,
         Query(ge=0, le=MAX_INT32, description="0 replays the whole session"),
     ] = None,
-    types: Annotated[
-        list[str] | None, Query(json_schema_extra=TYPE_FILTER_SCHEMA)
-    ] = None,
-    exclude: Annotated[
-        list[str] | None, Query(json_schema_extra=TYPE_FILTER_SCHEMA)
-    ] = None,
+    types: TypeFilter = None,
+    exclude: TypeFilter = None,
     last_event_id: Annotated[
         str | None,
         Header(alias="Last-Event-ID", json_schema_extra=LAST_EVENT_ID_SCHEMA),

@@ -12,8 +12,9 @@ from sqlalchemy import select
 
 from app.db import models
 from app.db.session import Database
+from app.events import service as events_service
 from app.live import frames
-from app.live.fanout import Fanout, Item, Subscription
+from app.live.fanout import Fanout, Item, Subscription, event_item
 
 REPLAY_PAGE = 500
 
@@ -130,33 +131,13 @@ async def _replay_events(
     short read; advances `position` past every event read, sent or filtered out."""
     while True:
         async with database.read() as db:
-            stmt = (
-                select(
-                    models.Event.sequence,
-                    models.Event.id,
-                    models.Event.type,
-                    models.Event.body,
-                )
-                .where(
-                    models.Event.session_id == session_id,
-                    models.Event.sequence > position.sequence,
-                )
-                .order_by(models.Event.sequence)
-                .limit(REPLAY_PAGE)
+            rows = await events_service.event_rows(
+                db, session_id, after=position.sequence, upto=upto, limit=REPLAY_PAGE
             )
-            if upto is not None:
-                stmt = stmt.where(models.Event.sequence <= upto)
-            rows = (await db.execute(stmt)).all()
         for sequence, event_id, event_type, body in rows:
             position.sequence = sequence
             if accept(event_type):
-                item = {
-                    "k": "e",
-                    "q": sequence,
-                    "id": event_id,
-                    "type": event_type,
-                    "body": body,
-                }
+                item = event_item(sequence, event_id, event_type, body)
                 yield frames.durable_event(item, config.retry_ms)
         if len(rows) < REPLAY_PAGE:
             return
