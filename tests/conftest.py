@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,8 +105,8 @@ class Running:
     client: httpx.AsyncClient
 
 
-@pytest.fixture
-async def running(settings: Settings) -> AsyncIterator[Running]:
+@asynccontextmanager
+async def running_app(settings: Settings) -> AsyncIterator[Running]:
     """The app with its lifespan running, called in-process over httpx."""
     app = create_app(settings)
     async with app.router.lifespan_context(app):
@@ -114,6 +115,12 @@ async def running(settings: Settings) -> AsyncIterator[Running]:
             transport=transport, base_url="http://test"
         ) as client:
             yield Running(app, client)
+
+
+@pytest.fixture
+async def running(settings: Settings) -> AsyncIterator[Running]:
+    async with running_app(settings) as app:
+        yield app
 
 
 @pytest.fixture

@@ -25,9 +25,13 @@ from sqlalchemy import select
 
 from app.db import models
 from app.db.session import Database
-from app.main import create_app
-from app.settings import Settings
-from tests.conftest import LANES, ROOT, Running, Server, start_server, truncate
+from tests.conftest import (
+    LANES,
+    ROOT,
+    Server,
+    start_server,
+    truncate,
+)
 
 PROBLEM_JSON = "application/problem+json"
 ERROR_TYPE_BASE = "https://docs.everruns.com/errors/"
@@ -261,18 +265,6 @@ async def table_rows(database: Database) -> Rows:
 
 
 # ---- the app in process ---------------------------------------------------------------
-
-
-@asynccontextmanager
-async def running_app(settings: Settings) -> AsyncIterator[Running]:
-    """The app with its lifespan, called in-process, as the `running` fixture does."""
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://test"
-        ) as client:
-            yield Running(app, client)
 
 
 # ---- the CLI --------------------------------------------------------------------------

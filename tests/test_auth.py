@@ -22,6 +22,7 @@ from sqlalchemy import func, select, text
 import tests.conftest as harness
 from app.db import models
 from app.settings import Settings
+from tests.conftest import running_app
 from tests.helpers import (
     KEY_PATTERN,
     Rows,
@@ -30,7 +31,6 @@ from tests.helpers import (
     create_cli_key,
     post_message,
     run_cli,
-    running_app,
     table_rows,
     wait_idle,
     wait_until,

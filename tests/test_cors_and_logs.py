@@ -15,14 +15,13 @@ import pytest
 
 from app.auth import create_key
 from app.settings import Settings
-from tests.conftest import Running, test_settings as make_settings
+from tests.conftest import Running, running_app, test_settings as make_settings
 from tests.helpers import (
     auth,
     create_cli_key,
     create_session,
     post_message,
     run_cli,
-    running_app,
     start_own_server,
     wait_idle,
 )

@@ -18,12 +18,11 @@ from app.db import models
 from app.db.session import Database
 from app.main import create_app
 from app.settings import Settings
-from tests.conftest import test_settings as make_settings
+from tests.conftest import running_app, test_settings as make_settings
 from tests.helpers import (
     Rows,
     assert_problem,
     auth,
-    running_app,
     table_rows,
     text_body,
     uuid_of,

@@ -17,14 +17,13 @@ from app.auth import create_key
 from app.db.session import Database
 from app.main import create_app
 from app.settings import Settings
-from tests.conftest import test_settings as make_settings
+from tests.conftest import running_app, test_settings as make_settings
 from tests.helpers import (
     assert_problem,
     assert_too_many,
     auth,
     create_session,
     post_message,
-    running_app,
     start_own_server,
     table_rows,
     text_body,
