@@ -3,20 +3,21 @@
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.db.engine import create_engines
+from app.db.outbox import Outbox, WriteSession
 from app.settings import Settings
 
 
 class CommitHooks(Protocol):
     """What the live side needs from a write unit of work (see app.live.bus)."""
 
-    async def before_commit(self, db: AsyncSession) -> None: ...
+    async def before_commit(self, db: WriteSession) -> None: ...
 
-    def after_commit(self, info: dict[str, Any]) -> None: ...
+    def after_commit(self, outbox: Outbox) -> None: ...
 
 
 @dataclass
@@ -27,7 +28,9 @@ class Database:
 
     def __post_init__(self) -> None:
         self._read = async_sessionmaker(self.reader, expire_on_commit=False)
-        self._write = async_sessionmaker(self.writer, expire_on_commit=False)
+        self._write = async_sessionmaker(
+            self.writer, class_=WriteSession, expire_on_commit=False
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Database":
@@ -39,7 +42,7 @@ class Database:
         return self.writer.dialect.name
 
     @asynccontextmanager
-    async def write(self) -> AsyncIterator[AsyncSession]:
+    async def write(self) -> AsyncIterator[WriteSession]:
         """A write unit of work: commits on success, rolls back on any exception."""
         async with self._write() as db:
             try:
@@ -52,8 +55,8 @@ class Database:
                 await db.rollback()
                 raise
         # Publish only after the commit: nothing is announced for a rolled-back change.
-        if self.hooks is not None and db.info:
-            self.hooks.after_commit(db.info)
+        if self.hooks is not None and db.outbox:
+            self.hooks.after_commit(db.outbox)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:

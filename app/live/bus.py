@@ -22,8 +22,8 @@ import asyncpg
 import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.db.outbox import Outbox, WriteSession
 from app.ids import format_id, uuid7
 
 log = logging.getLogger("app.live.bus")
@@ -53,13 +53,13 @@ class Bus:
     async def stop(self) -> None:
         return None
 
-    async def before_commit(self, db: AsyncSession) -> None:
+    async def before_commit(self, db: WriteSession) -> None:
         """Called inside a write transaction, just before COMMIT."""
 
-    def after_commit(self, info: dict[str, Any]) -> None:
-        """Called once a write transaction committed, with its `db.info`. Sessions whose
+    def after_commit(self, outbox: Outbox) -> None:
+        """Called once a write transaction committed, with its outbox. Sessions whose
         turn the transaction started are handed to the local runner (`kicks`)."""
-        for session_id in info.get("kicks", ()):
+        for session_id in outbox.kicks:
             self.sink({"k": "c", "op": "kick", "s": session_id.hex})
 
     async def publish(self, item: dict[str, Any]) -> None:
@@ -72,10 +72,10 @@ class Bus:
 
 
 class MemoryBus(Bus):
-    def after_commit(self, info: dict[str, Any]) -> None:
-        for session_id, sequence in info.get("wakeups", ()):
+    def after_commit(self, outbox: Outbox) -> None:
+        for session_id, sequence in outbox.wakeups.items():
             self.sink(wakeup_item(session_id, sequence))
-        super().after_commit(info)
+        super().after_commit(outbox)
 
     async def publish(self, item: dict[str, Any]) -> None:
         self.sink(item)
@@ -171,9 +171,9 @@ class PgBus(Bus):
                 with contextlib.suppress(Exception):
                     await conn.close()
 
-    async def before_commit(self, db: AsyncSession) -> None:
+    async def before_commit(self, db: WriteSession) -> None:
         # NOTIFY is transactional: delivered at COMMIT, discarded on ROLLBACK.
-        for session_id, sequence in db.info.get("wakeups", ()):
+        for session_id, sequence in db.outbox.wakeups.items():
             await db.execute(
                 text("SELECT pg_notify(:channel, :payload)"),
                 {

@@ -2,8 +2,8 @@
 updates its snapshot, bumps its revision and appends the upstream events describing it.
 
 Functions here run inside the caller's write unit of work (they never commit) and expect
-the session row to be locked first with `lock_session`. Each records a wake-up in
-`db.info["wakeups"]`, which the unit of work publishes to the bus only after commit.
+the session row to be locked first with `lock_session`. Each records a wake-up in the
+unit of work's outbox, which is published to the bus only as the transaction commits.
 """
 
 import uuid
@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import wire
 from app.db import models
+from app.db.outbox import WriteSession
 from app.db.types import utcnow
 from app.events.service import EventSpec, add_events, allocate_sequences
 from app.ids import format_id, uuid7
@@ -33,7 +34,8 @@ class Checkpoint:
 
 
 def note_wakeup(db: AsyncSession, session_id: uuid.UUID, sequence: int) -> None:
-    db.info.setdefault("wakeups", []).append((session_id, sequence))
+    assert isinstance(db, WriteSession), "checkpoints run in a write unit of work"
+    db.outbox.wake(session_id, sequence)
 
 
 async def lock_session(

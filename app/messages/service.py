@@ -9,6 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import wire
 from app.db import models
+from app.db.outbox import WriteSession
 from app.errors import InvalidRequest, MessageNotFound, SessionNotFound
 from app.ids import format_id
 from app.messages import checkpoint, schemas
@@ -16,7 +17,7 @@ from app.sessions import service as sessions_service
 
 
 async def create_message(
-    db: AsyncSession,
+    db: WriteSession,
     *,
     organization_id: uuid.UUID,
     session_id: uuid.UUID,
@@ -64,7 +65,7 @@ async def create_message(
         start_turn=True,
     )
     if not was_running:
-        db.info.setdefault("kicks", set()).add(session_id)
+        db.outbox.kick(session_id)
     assert result.message is not None
     return wire.with_field(
         result.message.snapshot, "delivery", "steered" if was_running else "started"

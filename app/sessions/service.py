@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import wire
 from app.db import models
+from app.db.outbox import WriteSession
 from app.db.types import utcnow
 from app.errors import SessionNotFound
 from app.ids import format_id, uuid7
@@ -187,13 +188,15 @@ async def update_session(
 
 
 async def delete_session(
-    db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID
+    db: WriteSession, *, organization_id: uuid.UUID, session_id: uuid.UUID
 ) -> None:
-    """Delete the session with its messages and events (ON DELETE CASCADE)."""
+    """Delete the session with its messages and events (ON DELETE CASCADE); every
+    process drops what it holds of it once the deletion commits."""
     session = await get_session(
         db, organization_id=organization_id, session_id=session_id
     )
     await db.execute(delete(models.Session).where(models.Session.id == session.id))
+    db.outbox.delete(session.id)
 
 
 async def cancel_turn(

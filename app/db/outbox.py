@@ -1,0 +1,40 @@
+"""The transactional outbox of a write unit of work: what must be announced once (and
+only if) the transaction commits. The checkpoint writer and the services append to it;
+the unit of work hands it to the bus (PostgreSQL sends it as NOTIFY inside the
+transaction, the in-process bus delivers it after COMMIT)."""
+
+import uuid
+from dataclasses import dataclass, field
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+
+@dataclass
+class Outbox:
+    # Session -> the highest sequence this transaction committed for it.
+    wakeups: dict[uuid.UUID, int] = field(default_factory=dict)
+    # Sessions whose turn this transaction started: the local runner picks them up.
+    kicks: set[uuid.UUID] = field(default_factory=set)
+    # Sessions this transaction deleted: every process drops what it holds of them.
+    deleted: set[uuid.UUID] = field(default_factory=set)
+
+    def wake(self, session_id: uuid.UUID, sequence: int) -> None:
+        if sequence > self.wakeups.get(session_id, 0):
+            self.wakeups[session_id] = sequence
+
+    def kick(self, session_id: uuid.UUID) -> None:
+        self.kicks.add(session_id)
+
+    def delete(self, session_id: uuid.UUID) -> None:
+        self.deleted.add(session_id)
+
+    def __bool__(self) -> bool:
+        return bool(self.wakeups or self.kicks or self.deleted)
+
+
+class WriteSession(AsyncSession):
+    """The session of a write unit of work, carrying its outbox."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.outbox = Outbox()
