@@ -108,6 +108,22 @@ class KeyResolver:
             self._open_until = now + self.ttl_seconds
         return self._is_open
 
+    def cached_organization(self, authorization: str | None) -> uuid.UUID | None:
+        """The caller's organization if it is known without a database read (open mode
+        or a cached, valid key), else None: the caller resolves it the slow way."""
+        now = time.monotonic()
+        if now >= self._open_until:
+            return None
+        if self._is_open:
+            return DEFAULT_ORG_ID
+        credential = credential_from_header(authorization)
+        if credential is None:
+            return None
+        cached = self._cache.get(hash_key(credential))
+        if cached is None or cached[0] <= now:
+            return None
+        return cached[1]
+
     async def organization_for(self, authorization: str | None) -> uuid.UUID:
         """The caller's organization; the default organization while no keys exist."""
         if await self._open_mode():

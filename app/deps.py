@@ -1,4 +1,5 @@
-"""Annotated dependencies shared by the routers."""
+"""Annotated dependencies shared by the routers. All are `async def`: a plain `def`
+dependency runs in the thread pool, a thread hop per request."""
 
 import uuid
 from collections.abc import AsyncIterator
@@ -12,7 +13,7 @@ from app.ids import parse_or_400
 from app.state import AppState
 
 
-def get_state(request: Request) -> AppState:
+async def get_state(request: Request) -> AppState:
     state: AppState = request.app.state.app
     return state
 
@@ -46,7 +47,7 @@ WriteDb = Annotated[WriteSession, Depends(write_db, scope="function")]
 ReadDb = Annotated[AsyncSession, Depends(read_db, scope="function")]
 
 
-def session_id_path(
+async def session_id_path(
     session_id: Annotated[
         str,
         Path(
@@ -62,7 +63,7 @@ def session_id_path(
 SessionId = Annotated[uuid.UUID, Depends(session_id_path)]
 
 
-def base_url(state: StateDep, request: Request) -> str:
+async def base_url(state: StateDep, request: Request) -> str:
     """Where this API is reachable, for self_url/Location: configured, else the request's."""
     root = state.settings.public_url or str(request.base_url)
     root = root.rstrip("/")

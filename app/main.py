@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -13,6 +14,7 @@ from starlette.middleware.cors import CORSMiddleware
 from app import __doc__ as app_doc
 from app.auth import KeyResolver
 from app.db.migrate import upgrade
+from app.db.reads import create_reads
 from app.db.session import Database
 from app.errors import (
     RequestContextMiddleware,
@@ -25,6 +27,8 @@ from app.live.bus import create_bus
 from app.live.fanout import Fanout
 from app.live.limits import StreamLimits
 from app.live.router import router as live_router
+from app.messages.cache import PageCache
+from app.messages.hot import HotReads
 from app.messages.router import router as messages_router
 from app.runner.runner import TurnRunner
 from app.sessions.router import router as sessions_router
@@ -55,9 +59,29 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.should_auto_migrate:
             await asyncio.to_thread(upgrade, settings.database_url)
         database = Database.from_settings(settings)
+        reads = create_reads(settings)
+        await reads.start()
+        cache = PageCache(settings.page_cache_bytes)
         bus = create_bus(settings.database_url)
         fanout = Fanout(database, settings.sse_queue_size)
-        bus.sink = fanout.deliver
+
+        def deliver(item: dict[str, Any]) -> None:
+            kind = item.get("k")
+            if kind == "w":
+                cache.committed(uuid.UUID(hex=item["s"]), item["q"])
+            elif kind == "del":
+                cache.deleted(uuid.UUID(hex=item["s"]))
+            fanout.deliver(item)
+
+        def local_commit(session_id: uuid.UUID, sequence: int | None) -> None:
+            if sequence is None:
+                cache.deleted(session_id)
+            else:
+                cache.committed(session_id, sequence)
+
+        bus.sink = deliver
+        bus.local_commit = local_commit
+        bus.on_listening = cache.connected
         await bus.start()
         database.hooks = bus
         runner = TurnRunner(
@@ -66,6 +90,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state = AppState(
             settings=settings,
             database=database,
+            reads=reads,
+            cache=cache,
             keys=KeyResolver(database, settings.auth_cache_seconds),
             bus=bus,
             fanout=fanout,
@@ -82,6 +108,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await runner.stop()
             await fanout.close()
             await bus.stop()
+            await reads.close()
             await database.dispose()
 
     app = FastAPI(
@@ -92,13 +119,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         generate_unique_id_function=operation_id,
     )
     install_error_handlers(app)
-    # Added innermost first: request context -> CORS -> rate limit -> body guard -> routes.
+    # Added innermost first: request context -> CORS -> rate limit -> body guard ->
+    # hot reads -> routes.
+    app.add_middleware(HotReads)
     app.add_middleware(BodyGuardMiddleware, max_body_bytes=settings.max_body_bytes)
-    app.add_middleware(
-        RateLimitMiddleware,
-        rate=settings.rate_limit_per_second,
-        burst=settings.rate_limit_burst,
-    )
+    if settings.rate_limit_per_second > 0:
+        app.add_middleware(
+            RateLimitMiddleware,
+            rate=settings.rate_limit_per_second,
+            burst=settings.rate_limit_burst,
+        )
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

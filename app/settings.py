@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     # SQLite: how long a writer waits for the file lock held by another process.
     sqlite_busy_timeout_ms: int = 30_000
 
+    # Memory for the newest pages and single messages of sessions, per process.
+    page_cache_bytes: int = 64 * 1024 * 1024
+
     # Pagination limits.
     messages_page_default: int = 50
     messages_page_max: int = 200

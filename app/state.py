@@ -4,9 +4,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.auth import KeyResolver
+from app.db.reads import Reads
 from app.db.session import Database
 from app.live.bus import Bus
 from app.live.fanout import Fanout
+from app.messages.cache import PageCache
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -18,6 +20,8 @@ if TYPE_CHECKING:
 class AppState:
     settings: Settings
     database: Database
+    reads: Reads
+    cache: PageCache
     keys: KeyResolver
     bus: Bus
     fanout: Fanout

@@ -87,6 +87,8 @@ def test_settings(database_url: str, **overrides: Any) -> Settings:
         "sse_heartbeat_seconds": 1.0,
         "sse_cycle_seconds": 5.0,
         "runner_sweep_seconds": 1.0,
+        # In-process clients share one address; tests of the limiter set their own rate.
+        "rate_limit_per_second": 0.0,
         **overrides,
     }
     return Settings(**values)

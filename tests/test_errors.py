@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
+import app.db.reads
 import app.events.service
 import app.messages.checkpoint
 import app.sessions.service
@@ -684,10 +685,13 @@ async def test_unexpected_exception_is_generic_500_with_request_id(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # The session lookup every route starts with: sessions' own, and the events
-    # feature's for the log and the streams.
+    # The session lookup every route starts with: sessions' own, the events feature's
+    # for the log and the streams, and the request-path reads of messages.
     monkeypatch.setattr(app.sessions.service, "get_session", _explode)
     monkeypatch.setattr(app.events.service, "require_session", _explode)
+    for reads in (app.db.reads.SqliteReads, app.db.reads.PgReads):
+        monkeypatch.setattr(reads, "page", _explode)
+        monkeypatch.setattr(reads, "message", _explode)
     url = f"/v1/sessions/{world.sid}" + world.fill(suffix)
     with caplog.at_level(logging.ERROR, logger="app.errors"):
         response = await assert_unchanged(world, lambda: world.client.get(url))

@@ -37,6 +37,10 @@ def wakeup_item(session_id: uuid.UUID, sequence: int) -> dict[str, Any]:
     return {"k": "w", "s": session_id.hex, "q": sequence}
 
 
+def deleted_item(session_id: uuid.UUID) -> dict[str, Any]:
+    return {"k": "del", "s": session_id.hex}
+
+
 Sink = Callable[[dict[str, Any]], None]
 
 
@@ -46,6 +50,13 @@ class Bus:
 
     def __init__(self) -> None:
         self.sink: Sink = lambda item: None
+        # Told whether this process hears every wake-up (True) or may miss some (False).
+        self.on_listening: Callable[[bool], None] = lambda listening: None
+        # PostgreSQL: a commit of this process, before its NOTIFY comes back (None: a
+        # deletion).
+        self.local_commit: Callable[[uuid.UUID, int | None], None] = (
+            lambda session_id, sequence: None
+        )
 
     async def start(self) -> None:
         return None
@@ -72,9 +83,14 @@ class Bus:
 
 
 class MemoryBus(Bus):
+    async def start(self) -> None:
+        self.on_listening(True)
+
     def after_commit(self, outbox: Outbox) -> None:
         for session_id, sequence in outbox.wakeups.items():
             self.sink(wakeup_item(session_id, sequence))
+        for session_id in outbox.deleted:
+            self.sink(deleted_item(session_id))
         super().after_commit(outbox)
 
     async def publish(self, item: dict[str, Any]) -> None:
@@ -131,7 +147,13 @@ class PgBus(Bus):
             self._dsn, server_settings={"application_name": "evermirror-listen"}
         )
         await listener.add_listener(CHANNEL, self._on_notify)
+        listener.add_termination_listener(self._on_terminated)
         self._listener = listener
+        self.on_listening(True)
+
+    def _on_terminated(self, _conn: object) -> None:
+        # Wake-ups sent from now until the listener is back are never heard here.
+        self.on_listening(False)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:
@@ -148,6 +170,7 @@ class PgBus(Bus):
             listener = self._listener
             if listener is not None and not listener.is_closed():
                 continue
+            self.on_listening(False)
             try:
                 await self._connect()
             except Exception as exc:
@@ -173,14 +196,23 @@ class PgBus(Bus):
 
     async def before_commit(self, db: WriteSession) -> None:
         # NOTIFY is transactional: delivered at COMMIT, discarded on ROLLBACK.
-        for session_id, sequence in db.outbox.wakeups.items():
+        outbox = db.outbox
+        items = [wakeup_item(s, q) for s, q in outbox.wakeups.items()]
+        items += [deleted_item(s) for s in outbox.deleted]
+        for item in items:
             await db.execute(
                 text("SELECT pg_notify(:channel, :payload)"),
-                {
-                    "channel": CHANNEL,
-                    "payload": orjson.dumps(wakeup_item(session_id, sequence)).decode(),
-                },
+                {"channel": CHANNEL, "payload": orjson.dumps(item).decode()},
             )
+
+    def after_commit(self, outbox: Outbox) -> None:
+        # This process's own writes also reach it through its listener, a moment later;
+        # its caches learn of them now, so a client reads its own writes here at once.
+        for session_id, sequence in outbox.wakeups.items():
+            self.local_commit(session_id, sequence)
+        for session_id in outbox.deleted:
+            self.local_commit(session_id, None)
+        super().after_commit(outbox)
 
     async def publish(self, item: dict[str, Any]) -> None:
         if time.monotonic() < self._sender_retry_at:

@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path, Query, Response
 
 from app import guards, wire
-from app.deps import OrgId, ReadDb, SessionId, StateDep, WriteDb
+from app.deps import OrgId, SessionId, StateDep, WriteDb
 from app.errors import BODY_PROBLEMS, InvalidRequest, problem_responses
 from app.ids import parse_or_400
 from app.messages import schemas, service
@@ -48,7 +48,6 @@ async def create_message(
 )
 async def list_messages(
     session_id: SessionId,
-    db: ReadDb,
     org: OrgId,
     state: StateDep,
     limit: Annotated[
@@ -77,12 +76,11 @@ async def list_messages(
         raise InvalidRequest("limit: must be at least 1")
     page_size = min(limit or settings.messages_page_default, settings.messages_page_max)
     etag, body = await service.list_messages(
-        db,
+        state.reads,
+        state.cache,
         organization_id=org,
         session_id=session_id,
-        limit=page_size,
-        before_sequence=before_sequence,
-        include_internal=include_internal,
+        query=service.PageQuery(page_size, before_sequence, include_internal),
         if_none_match=if_none_match,
     )
     if body is None:
@@ -104,12 +102,16 @@ async def get_message(
             json_schema_extra={"pattern": "^message_[0-9a-f]{32}$"},
         ),
     ],
-    db: ReadDb,
     org: OrgId,
+    state: StateDep,
 ) -> Response:
     """One message snapshot."""
     message_uuid = parse_or_400("message", "message", message_id)
     body = await service.get_message(
-        db, organization_id=org, session_id=session_id, message_id=message_uuid
+        state.reads,
+        state.cache,
+        organization_id=org,
+        session_id=session_id,
+        message_id=message_uuid,
     )
     return wire.json_response(body)

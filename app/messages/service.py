@@ -1,19 +1,21 @@
 """Message use-cases: store a user message (start or steer a turn), page through history,
-read one snapshot. Reads return stored JSON bytes; nothing is re-serialized per request."""
+read one snapshot. Reads return stored JSON bytes; nothing is re-serialized per request,
+and the newest pages and single messages of sessions are answered from memory."""
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import wire
 from app.db import models
 from app.db.outbox import WriteSession
+from app.db.reads import Reads, SessionHead
 from app.errors import InvalidRequest, MessageNotFound, SessionNotFound
 from app.ids import format_id
 from app.messages import checkpoint, schemas
-from app.sessions import service as sessions_service
+from app.messages.cache import CachedPage, PageCache
 
 
 async def create_message(
@@ -72,80 +74,145 @@ async def create_message(
     )
 
 
-async def list_messages(
-    db: AsyncSession,
+def etag_for(last_sequence: int, query: "PageQuery") -> str:
+    """Every checkpoint bumps the session's sequence, so it versions every page."""
+    return (
+        f'W/"{last_sequence}-{query.limit}-{query.before_sequence or 0}'
+        f'-{int(query.include_internal)}"'
+    )
+
+
+def etag_matches(etag: str, if_none_match: str | None) -> bool:
+    return if_none_match is not None and etag in (
+        t.strip() for t in if_none_match.split(",")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PageQuery:
+    limit: int
+    before_sequence: int | None = None
+    include_internal: bool = False
+
+
+def cached_page(
+    cache: PageCache,
     *,
     organization_id: uuid.UUID,
     session_id: uuid.UUID,
-    limit: int,
-    before_sequence: int | None,
-    include_internal: bool,
-    if_none_match: str | None = None,
-) -> tuple[str, bytes | None]:
-    """One page of messages, oldest first, newest page first when no cursor is given.
-    Returns the page's ETag and body; the body is None when `if_none_match` matches.
+    query: PageQuery,
+) -> CachedPage | None:
+    """The newest page from memory, if this process holds it for this organization."""
+    if query.before_sequence is not None:
+        return None
+    entry = cache.entry(session_id)
+    if entry is None or entry.organization_id != organization_id:
+        return None
+    return entry.pages.get((query.limit, query.include_internal))
 
-    The session row is read first: its `last_sequence` is the page's `cursor` and its
-    counters are `total`. A message that commits between the two reads may appear with
-    a newer revision than the cursor, which a client resuming from the cursor merges
-    idempotently by revision. Every checkpoint bumps `last_sequence`, so it versions
-    the page and a poll that matches costs one primary-key read."""
-    session = await sessions_service.find_session(
-        db, organization_id=organization_id, session_id=session_id
-    )
-    if session is None:
-        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
-    etag = f'W/"{session.last_sequence}-{limit}-{before_sequence or 0}-{int(include_internal)}"'
-    if if_none_match is not None and etag in (
-        t.strip() for t in if_none_match.split(",")
-    ):
-        return etag, None
-    total = session.visible_message_count + (
-        session.internal_message_count if include_internal else 0
-    )
-    stmt = select(models.Message.sequence, models.Message.snapshot).where(
-        models.Message.session_id == session_id
-    )
-    if not include_internal:
-        stmt = stmt.where(models.Message.visibility == "visible")
-    if before_sequence is not None:
-        stmt = stmt.where(models.Message.sequence < before_sequence)
-    rows = list(
-        (
-            await db.execute(
-                stmt.order_by(models.Message.sequence.desc()).limit(limit + 1)
-            )
-        ).all()
-    )
-    has_more = len(rows) > limit
-    page = rows[:limit]
+
+def render_page(
+    head: SessionHead, rows: list[tuple[int, bytes]], query: PageQuery
+) -> bytes:
+    """The page envelope around stored snapshots (`rows` newest first, up to limit+1)."""
+    has_more = len(rows) > query.limit
+    page = rows[: query.limit]
     page.reverse()
-    body = b'{"data":' + wire.join_array(snapshot for _, snapshot in page)
+    total = head.visible_message_count + (
+        head.internal_message_count if query.include_internal else 0
+    )
     tail: dict[str, Any] = {"total": total, "has_more": has_more}
     if page:
         tail["start_sequence"] = page[0][0]
         tail["end_sequence"] = page[-1][0]
         if has_more:
             tail["next_before_sequence"] = page[0][0]
-    tail["cursor"] = str(session.last_sequence)
-    return etag, body + b"," + wire.dumps(tail)[1:]
+    tail["cursor"] = str(head.last_sequence)
+    return (
+        b'{"data":'
+        + wire.join_array(snapshot for _, snapshot in page)
+        + b","
+        + wire.dumps(tail)[1:]
+    )
+
+
+async def list_messages(
+    reads: Reads,
+    cache: PageCache,
+    *,
+    organization_id: uuid.UUID,
+    session_id: uuid.UUID,
+    query: PageQuery,
+    if_none_match: str | None = None,
+) -> tuple[str, bytes | None]:
+    """One page of messages, oldest first, the newest page when no cursor is given.
+    Returns the page's ETag and body; the body is None when `if_none_match` matches.
+
+    The newest page comes from memory when this process holds it; otherwise one
+    statement reads the session head (its `last_sequence` is the page's `cursor` and
+    ETag, its counters are `total`) and the rows together, on one snapshot."""
+    hit = cached_page(
+        cache, organization_id=organization_id, session_id=session_id, query=query
+    )
+    if hit is not None:
+        return hit.etag, None if etag_matches(hit.etag, if_none_match) else hit.body
+    result = await reads.page(
+        session_id,
+        limit=query.limit + 1,
+        before_sequence=query.before_sequence,
+        include_internal=query.include_internal,
+    )
+    if result is None or result.head.organization_id != organization_id:
+        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
+    head = result.head
+    etag = etag_for(head.last_sequence, query)
+    body = render_page(head, result.rows, query)
+    if query.before_sequence is None:
+        cache.store_page(
+            session_id,
+            organization_id,
+            head.last_sequence,
+            (query.limit, query.include_internal),
+            CachedPage(etag, body),
+        )
+    return etag, None if etag_matches(etag, if_none_match) else body
+
+
+def cached_message(
+    cache: PageCache,
+    *,
+    organization_id: uuid.UUID,
+    session_id: uuid.UUID,
+    message_id: uuid.UUID,
+) -> bytes | None:
+    entry = cache.entry(session_id)
+    if entry is None or entry.organization_id != organization_id:
+        return None
+    return entry.messages.get(message_id)
 
 
 async def get_message(
-    db: AsyncSession,
+    reads: Reads,
+    cache: PageCache,
     *,
     organization_id: uuid.UUID,
     session_id: uuid.UUID,
     message_id: uuid.UUID,
 ) -> bytes:
-    await sessions_service.get_session(
-        db, organization_id=organization_id, session_id=session_id
+    hit = cached_message(
+        cache,
+        organization_id=organization_id,
+        session_id=session_id,
+        message_id=message_id,
     )
-    snapshot = await db.scalar(
-        select(models.Message.snapshot).where(
-            models.Message.session_id == session_id, models.Message.id == message_id
-        )
-    )
-    if snapshot is None:
+    if hit is not None:
+        return hit
+    row = await reads.message(session_id, message_id)
+    if row is None or row.head.organization_id != organization_id:
+        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
+    if row.snapshot is None:
         raise MessageNotFound(f"Message {format_id('message', message_id)} not found")
-    return snapshot.encode()
+    cache.store_message(
+        session_id, organization_id, row.head.last_sequence, message_id, row.snapshot
+    )
+    return row.snapshot

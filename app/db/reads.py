@@ -1,0 +1,279 @@
+"""Request-path reads: each is one statement on a connection of its own, with no ORM,
+no transaction round trips and no connection ping. The SQL is the same on both
+databases but for placeholders and typed NULLs; it lives here, beside the two drivers.
+
+* PostgreSQL: an asyncpg pool of its own, prepared statements, text returned as bytes.
+  One statement runs on one snapshot, so a page's session counters and its rows agree.
+* SQLite: a few read-only aiosqlite connections; one statement is one thread hop.
+"""
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import aiosqlite
+import asyncpg
+from sqlalchemy.engine import make_url
+
+from app.schemas import MAX_INT32
+from app.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class SessionHead:
+    """What every read needs of the session row: who owns it and its committed state."""
+
+    organization_id: uuid.UUID
+    last_sequence: int
+    visible_message_count: int
+    internal_message_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class PageRows:
+    head: SessionHead
+    # (sequence, snapshot bytes), newest first, at most limit + 1.
+    rows: list[tuple[int, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRow:
+    head: SessionHead
+    snapshot: bytes | None
+
+
+def _page_sql(include_internal: bool, p: Sequence[str], null: dict[str, str]) -> str:
+    """The session head and the page in one statement: the first branch yields the
+    session row (sequence NULL), the second the newest `limit` messages below `before`."""
+    visibility = "" if include_internal else " AND visibility = 'visible'"
+    return (
+        "SELECT organization_id, last_sequence, visible_message_count,"
+        f" internal_message_count, {null['int']} AS sequence, {null['text']} AS snapshot"
+        f" FROM sessions WHERE id = {p[0]}"
+        " UNION ALL SELECT * FROM ("
+        f"SELECT {null['uuid']}, {null['int']}, {null['int']}, {null['int']},"
+        " sequence, snapshot FROM messages"
+        f" WHERE session_id = {p[0]}{visibility} AND sequence < {p[1]}"
+        f" ORDER BY sequence DESC LIMIT {p[2]}) AS page"
+    )
+
+
+def _message_sql(p: Sequence[str]) -> str:
+    return (
+        "SELECT s.organization_id, s.last_sequence, s.visible_message_count,"
+        " s.internal_message_count, m.snapshot FROM sessions s"
+        f" LEFT JOIN messages m ON m.session_id = s.id AND m.id = {p[1]}"
+        f" WHERE s.id = {p[0]}"
+    )
+
+
+def _split_page(records: Sequence[Sequence[Any]], parse: Any) -> PageRows | None:
+    head: SessionHead | None = None
+    rows: list[tuple[int, bytes]] = []
+    for record in records:
+        if record[4] is None:
+            head = SessionHead(parse(record[0]), record[1], record[2], record[3])
+        else:
+            rows.append((record[4], record[5]))
+    if head is None:
+        return None
+    # UNION ALL keeps no order of its own.
+    rows.sort(reverse=True)
+    return PageRows(head, rows)
+
+
+class Reads:
+    """The interface both drivers implement."""
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def page(
+        self,
+        session_id: uuid.UUID,
+        *,
+        limit: int,
+        before_sequence: int | None,
+        include_internal: bool,
+    ) -> PageRows | None:
+        """The session head and up to `limit` messages below `before_sequence`, newest
+        first; None when the session does not exist."""
+        raise NotImplementedError
+
+    async def message(
+        self, session_id: uuid.UUID, message_id: uuid.UUID
+    ) -> MessageRow | None:
+        raise NotImplementedError
+
+
+PG_NULLS = {"int": "NULL::integer", "text": "NULL::text", "uuid": "NULL::uuid"}
+
+
+async def _noop_reset(_conn: asyncpg.Connection) -> None:
+    # The pool's default reset is a round trip per release (RESET ALL, UNLISTEN ...);
+    # these connections only ever run single SELECTs, so there is nothing to reset.
+    return None
+
+
+async def _text_as_bytes(conn: asyncpg.Connection) -> None:
+    # Snapshots are served as stored: skip decoding them to str and encoding them back.
+    await conn.set_type_codec(
+        "text",
+        schema="pg_catalog",
+        encoder=lambda value: value,
+        decoder=lambda value: value,
+        format="binary",
+    )
+
+
+class PgReads(Reads):
+    def __init__(self, settings: Settings) -> None:
+        self._dsn = (
+            make_url(settings.database_url)
+            .set(drivername="postgresql")
+            .render_as_string(hide_password=False)
+        )
+        self._settings = settings
+        self._pool: asyncpg.Pool | None = None
+        self._pages = {
+            flag: _page_sql(flag, ("$1", "$2", "$3"), PG_NULLS)
+            for flag in (False, True)
+        }
+        self._message = _message_sql(("$1", "$2"))
+
+    async def start(self) -> None:
+        self._pool = await asyncpg.create_pool(
+            self._dsn,
+            min_size=1,
+            max_size=self._settings.db_pool_size,
+            reset=_noop_reset,
+            init=_text_as_bytes,
+            server_settings={
+                "application_name": "evermirror-read",
+                "statement_timeout": str(self._settings.db_statement_timeout_ms),
+            },
+        )
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+
+    async def _fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        assert self._pool is not None
+        async with self._pool.acquire() as conn:
+            records: list[asyncpg.Record] = await conn.fetch(sql, *args)
+        return records
+
+    async def page(
+        self,
+        session_id: uuid.UUID,
+        *,
+        limit: int,
+        before_sequence: int | None,
+        include_internal: bool,
+    ) -> PageRows | None:
+        records = await self._fetch(
+            self._pages[include_internal],
+            session_id,
+            before_sequence or MAX_INT32 + 1,
+            limit,
+        )
+        return _split_page(records, lambda value: value)
+
+    async def message(
+        self, session_id: uuid.UUID, message_id: uuid.UUID
+    ) -> MessageRow | None:
+        records = await self._fetch(self._message, session_id, message_id)
+        if not records:
+            return None
+        r = records[0]
+        return MessageRow(SessionHead(r[0], r[1], r[2], r[3]), r[4])
+
+
+SQLITE_NULLS = {"int": "NULL", "text": "NULL", "uuid": "NULL"}
+
+
+class SqliteReads(Reads):
+    """Read-only connections to the database file (WAL: readers never wait for the
+    writer). SQLite stores UUIDs as 32 hex characters."""
+
+    def __init__(self, settings: Settings, size: int = 4) -> None:
+        database = make_url(settings.database_url).database
+        self._path = database or ":memory:"
+        self._busy_timeout_ms = settings.sqlite_busy_timeout_ms
+        self._size = size
+        self._idle: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
+        self._all: list[aiosqlite.Connection] = []
+        self._pages = {
+            flag: _page_sql(flag, ("?1", "?2", "?3"), SQLITE_NULLS)
+            for flag in (False, True)
+        }
+        self._message = _message_sql(("?1", "?2"))
+
+    async def start(self) -> None:
+        for _ in range(self._size):
+            conn = await aiosqlite.connect(
+                self._path, timeout=self._busy_timeout_ms / 1000
+            )
+            conn.text_factory = bytes
+            await conn.execute("PRAGMA query_only=ON")
+            self._all.append(conn)
+            self._idle.put_nowait(conn)
+
+    async def close(self) -> None:
+        for conn in self._all:
+            await conn.close()
+        self._all.clear()
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[aiosqlite.Connection]:
+        conn = await self._idle.get()
+        try:
+            yield conn
+        finally:
+            self._idle.put_nowait(conn)
+
+    async def page(
+        self,
+        session_id: uuid.UUID,
+        *,
+        limit: int,
+        before_sequence: int | None,
+        include_internal: bool,
+    ) -> PageRows | None:
+        async with self._connection() as conn:
+            records = await conn.execute_fetchall(
+                self._pages[include_internal],
+                (session_id.hex, before_sequence or MAX_INT32 + 1, limit),
+            )
+        return _split_page(list(records), _sqlite_uuid)
+
+    async def message(
+        self, session_id: uuid.UUID, message_id: uuid.UUID
+    ) -> MessageRow | None:
+        async with self._connection() as conn:
+            records = list(
+                await conn.execute_fetchall(
+                    self._message, (session_id.hex, message_id.hex)
+                )
+            )
+        if not records:
+            return None
+        r = records[0]
+        return MessageRow(SessionHead(_sqlite_uuid(r[0]), r[1], r[2], r[3]), r[4])
+
+
+def _sqlite_uuid(value: bytes | str) -> uuid.UUID:
+    return uuid.UUID(hex=value.decode() if isinstance(value, bytes) else value)
+
+
+def create_reads(settings: Settings) -> Reads:
+    if settings.is_sqlite:
+        return SqliteReads(settings)
+    return PgReads(settings)
