@@ -5,9 +5,11 @@ import asyncio
 import ipaddress
 import json
 import logging
+import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from app.settings import Settings, get_settings
 
@@ -55,6 +57,17 @@ def serve(args: argparse.Namespace) -> int:
     if args.no_migrate:
         overrides["auto_migrate"] = False
     settings = Settings(**overrides)  # type: ignore[arg-type]  # pydantic-settings accepts overrides
+    if args.workers < 1:
+        print("--workers must be at least 1", file=sys.stderr)
+        return 2
+    if args.workers > 1 and settings.is_sqlite:
+        print(
+            "--workers needs PostgreSQL: the embedded SQLite deployment is one process "
+            "(one writer, an in-process bus). Run one process, or point DATABASE_URL "
+            "at PostgreSQL.",
+            file=sys.stderr,
+        )
+        return 2
     if settings.should_auto_migrate:
         upgrade(settings.database_url)
         settings = settings.model_copy(update={"auto_migrate": False})
@@ -69,14 +82,20 @@ def serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        proxy_headers=True,
-        timeout_graceful_shutdown=5,
-    )
+    common: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": settings.log_level,
+        "proxy_headers": True,
+        "timeout_graceful_shutdown": 5,
+    }
+    if args.workers == 1:
+        uvicorn.run(create_app(settings), **common)
+        return 0
+    # Each worker builds its app from the environment (its own pool, LISTEN connection
+    # and runner); migrations already ran here, once.
+    os.environ["AUTO_MIGRATE"] = "false"
+    uvicorn.run("app.main:create_app", factory=True, workers=args.workers, **common)
     return 0
 
 
@@ -164,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         "--no-migrate",
         action="store_true",
         help="do not apply pending migrations at start-up",
+    )
+    p_serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes (PostgreSQL only; each listens and runs turns)",
     )
     p_serve.add_argument(
         "--insecure",

@@ -2,7 +2,6 @@
 
 import asyncio
 import logging
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,6 +23,7 @@ from app.errors import (
 from app.events.router import router as events_router
 from app.guards import BodyGuardMiddleware, RateLimitMiddleware
 from app.live.bus import create_bus
+from app.live.dispatch import Dispatcher
 from app.live.fanout import Fanout
 from app.live.limits import StreamLimits
 from app.live.router import router as live_router
@@ -63,30 +63,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await reads.start()
         cache = PageCache(settings.page_cache_bytes)
         bus = create_bus(settings.database_url)
-        fanout = Fanout(database, settings.sse_queue_size)
-
-        def deliver(item: dict[str, Any]) -> None:
-            kind = item.get("k")
-            if kind == "w":
-                cache.committed(uuid.UUID(hex=item["s"]), item["q"])
-            elif kind == "del":
-                cache.deleted(uuid.UUID(hex=item["s"]))
-            fanout.deliver(item)
-
-        def local_commit(session_id: uuid.UUID, sequence: int | None) -> None:
-            if sequence is None:
-                cache.deleted(session_id)
-            else:
-                cache.committed(session_id, sequence)
-
-        bus.sink = deliver
-        bus.local_commit = local_commit
-        bus.on_listening = cache.connected
-        await bus.start()
-        database.hooks = bus
+        fanout = Fanout(
+            database,
+            settings.sse_queue_size,
+            retry_ms=settings.sse_retry_ms,
+            heartbeat_seconds=settings.sse_heartbeat_seconds,
+            send_timeout_seconds=settings.sse_send_timeout_seconds,
+        )
         runner = TurnRunner(
             settings=settings, database=database, bus=bus, fanout=fanout
         )
+        dispatcher = Dispatcher(bus, cache, fanout, runner)
+        bus.local_commit = dispatcher.committed_here
+        await bus.start()
+        fanout.start()
+        database.hooks = bus
         state = AppState(
             settings=settings,
             database=database,

@@ -47,7 +47,7 @@ class MessageRow:
 
 def _page_sql(include_internal: bool, p: Sequence[str], null: dict[str, str]) -> str:
     """The session head and the page in one statement: the first branch yields the
-    session row (sequence NULL), the second the newest `limit` messages below `before`."""
+    session row (sequence NULL), the second the newest `limit` messages up to `upto`."""
     visibility = "" if include_internal else " AND visibility = 'visible'"
     return (
         "SELECT organization_id, last_sequence, visible_message_count,"
@@ -56,7 +56,7 @@ def _page_sql(include_internal: bool, p: Sequence[str], null: dict[str, str]) ->
         " UNION ALL SELECT * FROM ("
         f"SELECT {null['uuid']}, {null['int']}, {null['int']}, {null['int']},"
         " sequence, snapshot FROM messages"
-        f" WHERE session_id = {p[0]}{visibility} AND sequence < {p[1]}"
+        f" WHERE session_id = {p[0]}{visibility} AND sequence <= {p[1]}"
         f" ORDER BY sequence DESC LIMIT {p[2]}) AS page"
     )
 
@@ -68,6 +68,11 @@ def _message_sql(p: Sequence[str]) -> str:
         f" LEFT JOIN messages m ON m.session_id = s.id AND m.id = {p[1]}"
         f" WHERE s.id = {p[0]}"
     )
+
+
+def _upto(before_sequence: int | None) -> int:
+    # Sequences are int32: the highest one a page may hold.
+    return MAX_INT32 if before_sequence is None else before_sequence - 1
 
 
 def _split_page(records: Sequence[Sequence[Any]], parse: Any) -> PageRows | None:
@@ -181,7 +186,7 @@ class PgReads(Reads):
         records = await self._fetch(
             self._pages[include_internal],
             session_id,
-            before_sequence or MAX_INT32 + 1,
+            _upto(before_sequence),
             limit,
         )
         return _split_page(records, lambda value: value)
@@ -250,7 +255,7 @@ class SqliteReads(Reads):
         async with self._connection() as conn:
             records = await conn.execute_fetchall(
                 self._pages[include_internal],
-                (session_id.hex, before_sequence or MAX_INT32 + 1, limit),
+                (session_id.hex, _upto(before_sequence), limit),
             )
         return _split_page(list(records), _sqlite_uuid)
 

@@ -25,6 +25,17 @@ from sqlalchemy.engine import make_url
 
 from app.db.outbox import Outbox, WriteSession
 from app.ids import format_id, uuid7
+from app.live.items import (
+    BusItem,
+    Deleted,
+    Kick,
+    PartStarted,
+    RepublishParts,
+    Resync,
+    StepEnded,
+    TextDelta,
+    Wakeup,
+)
 
 log = logging.getLogger("app.live.bus")
 
@@ -32,28 +43,19 @@ CHANNEL = "evermirror"
 # PostgreSQL refuses NOTIFY payloads of 8000 bytes or more; leave room for the envelope.
 MAX_NOTIFY_BYTES = 7000
 
-
-def wakeup_item(session_id: uuid.UUID, sequence: int) -> dict[str, Any]:
-    return {"k": "w", "s": session_id.hex, "q": sequence}
-
-
-def deleted_item(session_id: uuid.UUID) -> dict[str, Any]:
-    return {"k": "del", "s": session_id.hex}
-
-
-Sink = Callable[[dict[str, Any]], None]
+Sink = Callable[[BusItem], None]
 
 
 class Bus:
     """Interface shared by both implementations. Every item that reaches this process is
-    handed to `sink` (the local fan-out), in the order the bus delivered it."""
+    handed to `sink` (the dispatcher), in the order the bus delivered it."""
 
     def __init__(self) -> None:
         self.sink: Sink = lambda item: None
         # Told whether this process hears every wake-up (True) or may miss some (False).
         self.on_listening: Callable[[bool], None] = lambda listening: None
-        # PostgreSQL: a commit of this process, before its NOTIFY comes back (None: a
-        # deletion).
+        # PostgreSQL: told of a commit of this process before its NOTIFY comes back
+        # (None: a deletion).
         self.local_commit: Callable[[uuid.UUID, int | None], None] = (
             lambda session_id, sequence: None
         )
@@ -71,10 +73,11 @@ class Bus:
         """Called once a write transaction committed, with its outbox. Sessions whose
         turn the transaction started are handed to the local runner (`kicks`)."""
         for session_id in outbox.kicks:
-            self.sink({"k": "c", "op": "kick", "s": session_id.hex})
+            self.sink(Kick(session_id))
 
-    async def publish(self, item: dict[str, Any]) -> None:
-        """Send a live item (delta, part, control) to every process."""
+    async def publish(self, item: BusItem) -> None:
+        """Send a live item (part, delta, end of a step, a republish request) to every
+        process."""
         raise NotImplementedError
 
     @property
@@ -88,12 +91,12 @@ class MemoryBus(Bus):
 
     def after_commit(self, outbox: Outbox) -> None:
         for session_id, sequence in outbox.wakeups.items():
-            self.sink(wakeup_item(session_id, sequence))
+            self.sink(Wakeup(session_id, sequence))
         for session_id in outbox.deleted:
-            self.sink(deleted_item(session_id))
+            self.sink(Deleted(session_id))
         super().after_commit(outbox)
 
-    async def publish(self, item: dict[str, Any]) -> None:
+    async def publish(self, item: BusItem) -> None:
         self.sink(item)
 
 
@@ -103,19 +106,95 @@ def _asyncpg_dsn(url: str) -> str:
     )
 
 
-def split_payload(item: dict[str, Any]) -> list[bytes]:
+# ---- the NOTIFY encoding: compact JSON, known only to the PostgreSQL bus ---------------
+
+
+def encode(item: BusItem) -> dict[str, Any]:
+    if isinstance(item, Wakeup):
+        return {"k": "w", "s": item.session_id.hex, "q": item.sequence}
+    if isinstance(item, TextDelta):
+        return {
+            "k": "d",
+            "s": item.session_id.hex,
+            "m": item.message_id.hex,
+            "r": item.revision,
+            "turn": item.turn_id,
+            "pid": item.part_id,
+            "o": item.offset,
+            "t": item.text,
+            "ev": item.event_type,
+            "eid": item.event_id,
+            "ts": item.ts,
+        }
+    if isinstance(item, PartStarted):
+        return {
+            "k": "p",
+            "s": item.session_id.hex,
+            "m": item.message_id.hex,
+            "r": item.revision,
+            "turn": item.turn_id,
+            "part": item.part,
+        }
+    if isinstance(item, StepEnded):
+        return {"k": "x", "s": item.session_id.hex, "m": item.message_id.hex}
+    if isinstance(item, Deleted):
+        return {"k": "del", "s": item.session_id.hex}
+    if isinstance(item, RepublishParts):
+        return {"k": "rp", "m": item.message_id.hex}
+    if isinstance(item, Kick):
+        return {"k": "kick", "s": item.session_id.hex}
+    return {"k": "resync"}
+
+
+def decode(data: dict[str, Any]) -> BusItem:
+    kind = data["k"]
+    if kind == "w":
+        return Wakeup(uuid.UUID(hex=data["s"]), int(data["q"]))
+    if kind == "d":
+        return TextDelta(
+            uuid.UUID(hex=data["s"]),
+            uuid.UUID(hex=data["m"]),
+            data["r"],
+            data["turn"],
+            data["pid"],
+            data["o"],
+            data["t"],
+            data["ev"],
+            data["eid"],
+            data["ts"],
+        )
+    if kind == "p":
+        return PartStarted(
+            uuid.UUID(hex=data["s"]),
+            uuid.UUID(hex=data["m"]),
+            data["r"],
+            data["turn"],
+            data["part"],
+        )
+    if kind == "x":
+        return StepEnded(uuid.UUID(hex=data["s"]), uuid.UUID(hex=data["m"]))
+    if kind == "del":
+        return Deleted(uuid.UUID(hex=data["s"]))
+    if kind == "rp":
+        return RepublishParts(uuid.UUID(hex=data["m"]))
+    if kind == "kick":
+        return Kick(uuid.UUID(hex=data["s"]))
+    return Resync()
+
+
+def split_payload(item: BusItem) -> list[bytes]:
     """Encode an item for NOTIFY; a delta too large for one payload is split into
     several deltas whose offsets continue one another."""
-    encoded = orjson.dumps(item)
-    if len(encoded) <= MAX_NOTIFY_BYTES or item.get("k") != "d":
+    encoded = orjson.dumps(encode(item))
+    if len(encoded) <= MAX_NOTIFY_BYTES or not isinstance(item, TextDelta):
         return [encoded]
     chunks: list[bytes] = []
-    text_value: str = item["t"]
-    offset: int = item["o"]
     # A character encodes to at most 6 bytes of JSON (a \uXXXX escape).
     step = max(1, (MAX_NOTIFY_BYTES - 1000) // 6)
-    for index, start in enumerate(range(0, len(text_value), step)):
-        piece = {**item, "t": text_value[start : start + step], "o": offset + start}
+    for index, start in enumerate(range(0, len(item.text), step)):
+        piece = encode(item)
+        piece["t"] = item.text[start : start + step]
+        piece["o"] = item.offset + start
         if index:
             # Each piece is an event of its own on the upstream stream.
             piece["eid"] = format_id("event", uuid7())
@@ -157,8 +236,8 @@ class PgBus(Bus):
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:
-            item = orjson.loads(payload)
-        except orjson.JSONDecodeError:
+            item = decode(orjson.loads(payload))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             log.warning("dropping malformed bus payload")
             return
         self.sink(item)
@@ -181,7 +260,7 @@ class PgBus(Bus):
             log.info("bus listener reconnected")
             # Anything published while we were deaf is in the database: wake every
             # local subscriber so it re-reads from its cursor.
-            self.sink({"k": "resync"})
+            self.sink(Resync())
 
     async def stop(self) -> None:
         self._stopping = True
@@ -197,12 +276,12 @@ class PgBus(Bus):
     async def before_commit(self, db: WriteSession) -> None:
         # NOTIFY is transactional: delivered at COMMIT, discarded on ROLLBACK.
         outbox = db.outbox
-        items = [wakeup_item(s, q) for s, q in outbox.wakeups.items()]
-        items += [deleted_item(s) for s in outbox.deleted]
+        items: list[BusItem] = [Wakeup(s, q) for s, q in outbox.wakeups.items()]
+        items += [Deleted(s) for s in outbox.deleted]
         for item in items:
             await db.execute(
                 text("SELECT pg_notify(:channel, :payload)"),
-                {"channel": CHANNEL, "payload": orjson.dumps(item).decode()},
+                {"channel": CHANNEL, "payload": orjson.dumps(encode(item)).decode()},
             )
 
     def after_commit(self, outbox: Outbox) -> None:
@@ -214,7 +293,7 @@ class PgBus(Bus):
             self.local_commit(session_id, None)
         super().after_commit(outbox)
 
-    async def publish(self, item: dict[str, Any]) -> None:
+    async def publish(self, item: BusItem) -> None:
         if time.monotonic() < self._sender_retry_at:
             return
         payloads = split_payload(item)

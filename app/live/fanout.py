@@ -1,17 +1,21 @@
-"""Local fan-out: one ordered channel per session with subscribers in this process, and
-the in-memory projection of every streaming message this process has heard of.
+"""Local fan-out: one ordered channel per session with subscribers in this process, the
+in-memory projection of every streaming message this process has heard of, and one
+timer for every stream's heartbeats, connection cycling and stuck-send checks.
 
 Bus items arrive via `deliver` (synchronously, in bus order). A wake-up makes the
 session's channel read the new durable events and changed message snapshots once, for
 all its subscribers; live items (parts, deltas) queue behind it, so every subscriber
-sees a checkpoint before the deltas that extend it. Frames are encoded once per item
-and the same bytes go to every subscriber.
+sees a checkpoint before the deltas that extend it. Each frame is encoded once per item
+and the same bytes go to every subscriber; a subscriber costs a bounded queue and one
+waiter, with no task, timer or wrapper per item.
 """
 
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,34 +25,152 @@ from sqlalchemy import select
 from app.db import models
 from app.db.session import Database
 from app.events import service as events_service
+from app.live import frames
+from app.live.items import (
+    Deleted,
+    LiveItem,
+    PartStarted,
+    Resync,
+    StepEnded,
+    TextDelta,
+    Wakeup,
+)
 
 log = logging.getLogger("app.live.fanout")
 
-Item = dict[str, Any]
+
+# ---- what subscribers receive ---------------------------------------------------------
 
 
-def event_item(sequence: int, event_id: uuid.UUID, event_type: str, body: str) -> Item:
-    """A durable event as it travels to subscribers."""
-    return {"k": "e", "q": sequence, "id": event_id, "type": event_type, "body": body}
+@dataclass(frozen=True, slots=True)
+class EventOut:
+    """A durable event, encoded for upstream's stream."""
+
+    sequence: int
+    type: str
+    frame: bytes
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, slots=True)
+class MessageOut:
+    """A committed message snapshot, encoded for the Mutation stream."""
+
+    sequence: int
+    visible: bool
+    frame: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PartOut:
+    part_id: str
+    text_length: int
+    frame: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaOut:
+    delta: TextDelta
+    sse_frame: bytes
+    mutation_frame: bytes
+
+
+class Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Marker({self.name})"
+
+
+# Re-read from the database (the bus may have missed items, or the channel failed).
+RESYNC = Marker("resync")
+# The process timer: time for a keep-alive comment.
+HEARTBEAT = Marker("heartbeat")
+# The process timer: this stream's connection cycle is over.
+CYCLE = Marker("cycle")
+# The session was deleted.
+GONE = Marker("gone")
+
+Out = EventOut | MessageOut | PartOut | DeltaOut | Marker
+
+
 class Subscription:
-    """One local subscriber: a bounded queue. A subscriber that falls behind by more than
-    its queue size is marked overflowed; its stream ends and the client resumes from its
-    cursor, so a slow reader never slows the producer or other subscribers."""
+    """One local subscriber: a bounded queue and one waiter. A subscriber that falls
+    behind by more than its queue size is marked overflowed; its stream ends and the
+    client resumes from its cursor, so a slow reader never slows anyone else."""
 
-    session_id: uuid.UUID
-    queue: asyncio.Queue[Item]
-    overflowed: bool = False
+    __slots__ = (
+        "closed",
+        "deadline",
+        "limit",
+        "next_heartbeat",
+        "overflowed",
+        "pending",
+        "session_id",
+        "waiter",
+    )
 
-    def offer(self, item: Item) -> None:
-        if self.overflowed:
+    def __init__(
+        self, session_id: uuid.UUID, limit: int, heartbeat_seconds: float
+    ) -> None:
+        self.session_id = session_id
+        self.limit = limit
+        self.pending: deque[Out] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.overflowed = False
+        # The client went away, or its stream was stopped from outside.
+        self.closed = False
+        # When the process timer ends this connection cycle (monotonic); inf: never.
+        self.deadline = float("inf")
+        # When the process timer next offers this stream a heartbeat.
+        self.next_heartbeat = time.monotonic() + heartbeat_seconds
+
+    def offer(self, item: Out) -> None:
+        if self.overflowed or self.closed:
             return
-        try:
-            self.queue.put_nowait(item)
-        except asyncio.QueueFull:
+        if len(self.pending) >= self.limit:
             self.overflowed = True
+        else:
+            self.pending.append(item)
+        self._wake()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next(self) -> Out | None:
+        """The next item; None once the subscription overflowed or was closed."""
+        while not self.pending:
+            if self.overflowed or self.closed:
+                return None
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        if self.overflowed:
+            return None
+        return self.pending.popleft()
+
+
+class StreamWriter:
+    """One streaming response writing to its socket: the process timer stops it (by
+    cancelling its task) when one write has waited longer than the send timeout."""
+
+    __slots__ = ("send_started", "stuck", "task")
+
+    def __init__(self, task: "asyncio.Task[Any] | None") -> None:
+        self.task = task
+        # Monotonic time the write in progress began; None between writes.
+        self.send_started: float | None = None
+        self.stuck = False
 
 
 @dataclass
@@ -58,7 +180,6 @@ class Projection:
     session_id: uuid.UUID
     message_id: uuid.UUID
     revision: int
-    turn_id: str | None = None
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -66,83 +187,95 @@ class Projection:
 class Channel:
     session_id: uuid.UUID
     subscribers: set[Subscription] = field(default_factory=set)
-    inbox: asyncio.Queue[Item] = field(default_factory=asyncio.Queue)
+    inbox: asyncio.Queue[Wakeup | Out] = field(default_factory=asyncio.Queue)
     last: int | None = None
     task: asyncio.Task[None] | None = None
 
 
 class Fanout:
-    def __init__(self, database: Database, queue_size: int) -> None:
+    def __init__(
+        self,
+        database: Database,
+        queue_size: int,
+        *,
+        retry_ms: int = 100,
+        heartbeat_seconds: float = 30.0,
+        send_timeout_seconds: float = 30.0,
+        on_missed_part: Callable[[uuid.UUID], None] = lambda message_id: None,
+    ) -> None:
         self.database = database
         self.queue_size = queue_size
+        self.retry_ms = retry_ms
+        self.heartbeat_seconds = heartbeat_seconds
+        self.send_timeout_seconds = send_timeout_seconds
+        self.on_missed_part = on_missed_part
         self.channels: dict[uuid.UUID, Channel] = {}
         self.projections: dict[uuid.UUID, Projection] = {}
-        self.watchers: dict[uuid.UUID, set[asyncio.Event]] = {}
-        self.control_handlers: list[Callable[[Item], None]] = []
-        self.resync_requests: list[Callable[[uuid.UUID], None]] = []
+        self.writers: set[StreamWriter] = set()
+        self._timer: asyncio.Task[None] | None = None
 
     # ---- bus side ------------------------------------------------------------------
 
-    def deliver(self, item: Item) -> None:
-        kind = item.get("k")
-        if kind == "c":
-            for handler in self.control_handlers:
-                handler(item)
-            return
-        if kind == "resync":
+    def deliver(self, item: Wakeup | Deleted | Resync | LiveItem) -> None:
+        if isinstance(item, TextDelta | PartStarted | StepEnded):
+            out = self._project(item)
+            if out is not None:
+                self._to_channel(item.session_id, out)
+        elif isinstance(item, Wakeup):
+            self._to_channel(item.session_id, item)
+        elif isinstance(item, Resync):
             for channel in self.channels.values():
-                channel.inbox.put_nowait(item)
-            for events in self.watchers.values():
-                for event in events:
-                    event.set()
-            return
-        session_id = uuid.UUID(hex=item["s"])
-        if kind == "w":
-            for event in self.watchers.get(session_id, ()):
-                event.set()
-        elif kind in ("p", "d", "x"):
-            projected = self._project(item)
-            if projected is None:
-                return
-            item = projected
-        target = self.channels.get(session_id)
-        if target is not None:
-            target.inbox.put_nowait(item)
+                channel.inbox.put_nowait(RESYNC)
+        elif isinstance(item, Deleted):
+            gone = self.channels.get(item.session_id)
+            if gone is not None:
+                for sub in tuple(gone.subscribers):
+                    sub.offer(GONE)
 
-    def _project(self, item: Item) -> Item | None:
-        """Apply a live item to the projection. Returns the item to pass on (a delta
+    def _to_channel(self, session_id: uuid.UUID, item: Wakeup | Out) -> None:
+        channel = self.channels.get(session_id)
+        if channel is not None:
+            channel.inbox.put_nowait(item)
+
+    def _project(self, item: LiveItem) -> Out | None:
+        """Apply a live item to the projection. Returns what subscribers get (a delta
         trimmed of text the projection already has), or None to drop it."""
-        message_id = uuid.UUID(hex=item["m"])
-        if item["k"] == "x":
-            self.projections.pop(message_id, None)
-            return item
-        projection = self.projections.get(message_id)
-        if projection is None or item["r"] > projection.revision:
-            projection = Projection(
-                uuid.UUID(hex=item["s"]), message_id, item["r"], item.get("turn")
+        if isinstance(item, StepEnded):
+            self.projections.pop(item.message_id, None)
+            return None
+        projection = self.projections.get(item.message_id)
+        if projection is None or item.revision > projection.revision:
+            projection = Projection(item.session_id, item.message_id, item.revision)
+            self.projections[item.message_id] = projection
+        elif item.revision < projection.revision:
+            return None
+        if isinstance(item, PartStarted):
+            part = dict(item.part)
+            projection.parts[part["part_id"]] = part
+            return PartOut(
+                part["part_id"],
+                len(part.get("text", "")),
+                frames.part_mutation(item.message_id, item.revision, part),
             )
-            self.projections[message_id] = projection
-        elif item["r"] < projection.revision:
+        known_part = projection.parts.get(item.part_id)
+        known = len(known_part.get("text", "")) if known_part is not None else -1
+        if known_part is None or item.offset > known:
+            # We missed the start of this part (this process joined mid-stream): ask
+            # its runner to republish its parts, and pass nothing on until then.
+            self.on_missed_part(item.message_id)
             return None
-        if item["k"] == "p":
-            projection.parts[item["part"]["part_id"]] = dict(item["part"])
-            return item
-        part = projection.parts.get(item["pid"])
-        known = len(part.get("text", "")) if part is not None else -1
-        if part is None or item["o"] > known:
-            # We missed the start of this part (this process joined mid-stream): ask the
-            # runner to republish its parts, and pass nothing on until then.
-            for request in self.resync_requests:
-                request(message_id)
-            return None
-        if item["o"] < known:
-            overlap = known - item["o"]
-            if overlap >= len(item["t"]):
+        delta = item
+        if item.offset < known:
+            overlap = known - item.offset
+            if overlap >= len(item.text):
                 return None
-            item = {**item, "t": item["t"][overlap:], "o": known}
-        part["text"] = part.get("text", "") + item["t"]
-        item["acc"] = part["text"]
-        return item
+            delta = _trimmed(item, known)
+        known_part["text"] = known_part.get("text", "") + delta.text
+        return DeltaOut(
+            delta,
+            frames.delta_event(delta, known_part["text"], self.retry_ms),
+            frames.delta_mutation(delta, delta.offset, delta.text),
+        )
 
     def live_parts(
         self, session_id: uuid.UUID
@@ -156,7 +289,7 @@ class Fanout:
     # ---- subscriber side -----------------------------------------------------------
 
     def subscribe(self, session_id: uuid.UUID) -> Subscription:
-        sub = Subscription(session_id, asyncio.Queue(maxsize=self.queue_size))
+        sub = Subscription(session_id, self.queue_size, self.heartbeat_seconds)
         channel = self.channels.get(session_id)
         if channel is None:
             channel = Channel(session_id)
@@ -177,38 +310,61 @@ class Fanout:
             if channel.task is not None:
                 channel.task.cancel()
 
-    def watch(self, session_id: uuid.UUID) -> asyncio.Event:
-        event = asyncio.Event()
-        self.watchers.setdefault(session_id, set()).add(event)
-        return event
-
-    def unwatch(self, session_id: uuid.UUID, event: asyncio.Event) -> None:
-        events = self.watchers.get(session_id)
-        if events is not None:
-            events.discard(event)
-            if not events:
-                del self.watchers[session_id]
-
     def count(self, session_id: uuid.UUID | None = None) -> int:
         if session_id is None:
             return sum(len(c.subscribers) for c in self.channels.values())
         channel = self.channels.get(session_id)
         return len(channel.subscribers) if channel is not None else 0
 
+    # ---- the process timer ---------------------------------------------------------
+
+    def start(self) -> None:
+        self._timer = asyncio.create_task(self._tick(), name="fanout-timer")
+
+    async def _tick(self) -> None:
+        """Heartbeats, connection cycles and stuck sends for every local stream, from
+        one timer. Its resolution bounds how late a heartbeat or the end of a cycle
+        comes, and how late a stuck client is dropped."""
+        resolution = min(1.0, self.heartbeat_seconds / 5)
+        while True:
+            await asyncio.sleep(resolution)
+            now = time.monotonic()
+            for writer in tuple(self.writers):
+                started = writer.send_started
+                if started is not None and now - started > self.send_timeout_seconds:
+                    # The client stopped reading: stop its stream where it waits.
+                    writer.stuck = True
+                    self.writers.discard(writer)
+                    if writer.task is not None:
+                        writer.task.cancel()
+            for channel in tuple(self.channels.values()):
+                for sub in tuple(channel.subscribers):
+                    if now >= sub.deadline:
+                        sub.deadline = float("inf")
+                        sub.offer(CYCLE)
+                    elif now >= sub.next_heartbeat:
+                        sub.next_heartbeat = now + self.heartbeat_seconds
+                        sub.offer(HEARTBEAT)
+
     async def close(self) -> None:
-        for channel in list(self.channels.values()):
-            if channel.task is not None:
-                channel.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await channel.task
+        tasks = [c.task for c in self.channels.values() if c.task is not None]
+        if self._timer is not None:
+            tasks.append(self._timer)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         self.channels.clear()
+
+    # ---- per-session reads ---------------------------------------------------------
 
     async def _pump(self, channel: Channel) -> None:
         while True:
             item = await channel.inbox.get()
-            if item["k"] == "w":
+            if isinstance(item, Wakeup):
                 try:
-                    items = await self._read_checkpoints(channel, int(item["q"]))
+                    items = await self._read_checkpoints(channel, item.sequence)
                 except Exception as exc:
                     # The database is unreachable: subscribers re-read from their own
                     # cursors once it is back.
@@ -217,22 +373,22 @@ class Fanout:
                         channel.session_id,
                         exc,
                     )
-                    items = [{"k": "resync"}]
+                    items = [RESYNC]
             else:
                 items = [item]
             for out in items:
                 for sub in tuple(channel.subscribers):
                     sub.offer(out)
 
-    async def _read_checkpoints(self, channel: Channel, upto: int) -> list[Item]:
+    async def _read_checkpoints(self, channel: Channel, upto: int) -> list[Out]:
         """Read what committed in (channel.last, upto], once for every subscriber."""
+        if channel.last is None:
+            # First wake-up since the channel opened: subscribers replayed up to their
+            # own cursors, and they fill any gap below this item themselves.
+            channel.last = upto - 1
+        if upto <= channel.last:
+            return []
         async with self.database.read() as db:
-            if channel.last is None:
-                # First wake-up since the channel opened: subscribers replayed up to their
-                # own cursors, and they fill any gap below this item themselves.
-                channel.last = upto - 1
-            if upto <= channel.last:
-                return []
             events = await events_service.event_rows(
                 db, channel.session_id, after=channel.last, upto=upto
             )
@@ -252,13 +408,39 @@ class Fanout:
                 )
             ).all()
         channel.last = max(channel.last, events[-1][0] if events else upto)
-        by_sequence: dict[int, list[Item]] = {}
+        by_sequence: dict[int, list[Out]] = {}
         for changed, visibility, snapshot in messages:
             by_sequence.setdefault(changed, []).append(
-                {"k": "m", "q": changed, "vis": visibility, "snap": snapshot}
+                MessageOut(
+                    changed,
+                    visibility == "visible",
+                    frames.message_mutation(changed, snapshot),
+                )
             )
-        out: list[Item] = []
+        out: list[Out] = []
         for sequence, event_id, event_type, body in events:
-            out.append(event_item(sequence, event_id, event_type, body))
+            out.append(
+                EventOut(
+                    sequence,
+                    event_type,
+                    frames.durable_event(event_id, event_type, body, self.retry_ms),
+                )
+            )
             out.extend(by_sequence.pop(sequence, ()))
         return out
+
+
+def _trimmed(delta: TextDelta, known: int) -> TextDelta:
+    """The part of `delta` past the `known` characters of its part."""
+    return TextDelta(
+        delta.session_id,
+        delta.message_id,
+        delta.revision,
+        delta.turn_id,
+        delta.part_id,
+        known,
+        delta.text[known - delta.offset :],
+        delta.event_type,
+        delta.event_id,
+        delta.ts,
+    )

@@ -1,12 +1,12 @@
-"""SSE frame encoding. Each frame is encoded once per item and cached on it, so every
-local subscriber is handed the same bytes."""
+"""SSE frame encoding, as functions of typed values. The fan-out encodes each frame once
+per item and hands the same bytes to every local subscriber."""
 
+import uuid
 from typing import Any
 
 from app import wire
 from app.ids import format_id
-
-Item = dict[str, Any]
+from app.live.items import TextDelta
 
 
 def comment(text: str) -> bytes:
@@ -37,82 +37,60 @@ def disconnecting(reason: str, retry_ms: int) -> bytes:
     return frame("disconnecting", wire.dumps({"reason": reason, "retry_ms": retry_ms}))
 
 
-def durable_event(item: Item, retry_ms: int) -> bytes:
+def durable_event(
+    event_id: uuid.UUID | str, event_type: str, body: str | bytes, retry_ms: int
+) -> bytes:
     """Upstream stream: a durable event carries `id:` (its event id)."""
-    cached: bytes | None = item.get("_sse")
-    if cached is None:
-        event_id = (
-            item["id"]
-            if isinstance(item["id"], str)
-            else format_id("event", item["id"])
-        )
-        cached = frame(item["type"], item["body"], event_id=event_id, retry_ms=retry_ms)
-        item["_sse"] = cached
-    return cached
+    if isinstance(event_id, uuid.UUID):
+        event_id = format_id("event", event_id)
+    return frame(event_type, body, event_id=event_id, retry_ms=retry_ms)
 
 
-def delta_event(item: Item, retry_ms: int) -> bytes:
+def delta_event(delta: TextDelta, accumulated: str, retry_ms: int) -> bytes:
     """Upstream stream: ephemeral deltas, no `id:` (they cannot be replayed)."""
-    cached: bytes | None = item.get("_sse")
-    if cached is None:
-        data: dict[str, Any] = {
-            "turn_id": item.get("turn"),
-            "delta": item["t"],
-            "accumulated": item.get("acc", item["t"]),
-        }
-        if item["ev"] == "output.message.delta":
-            data["message_id"] = "message_" + item["m"]
-        envelope = {
-            "id": item["eid"],
-            "type": item["ev"],
-            "ts": item["ts"],
-            "session_id": "session_" + item["s"],
-            "context": {"turn_id": item["turn"]} if item.get("turn") else {},
-            "data": data,
-        }
-        cached = frame(item["ev"], wire.dumps(envelope), retry_ms=retry_ms)
-        item["_sse"] = cached
-    return cached
+    data: dict[str, Any] = {
+        "turn_id": delta.turn_id,
+        "delta": delta.text,
+        "accumulated": accumulated,
+    }
+    if delta.event_type == "output.message.delta":
+        data["message_id"] = format_id("message", delta.message_id)
+    envelope = {
+        "id": delta.event_id,
+        "type": delta.event_type,
+        "ts": delta.ts,
+        "session_id": format_id("session", delta.session_id),
+        "context": {"turn_id": delta.turn_id} if delta.turn_id else {},
+        "data": data,
+    }
+    return frame(delta.event_type, wire.dumps(envelope), retry_ms=retry_ms)
 
 
-def message_mutation(item: Item) -> bytes:
-    cached: bytes | None = item.get("_mut")
-    if cached is None:
-        cached = frame(
-            "message",
-            b'{"message":' + item["snap"].encode() + b"}",
-            event_id=str(item["q"]),
-        )
-        item["_mut"] = cached
-    return cached
-
-
-def snapshot_mutation(changed_sequence: int, snapshot: str) -> bytes:
+def message_mutation(changed_sequence: int, snapshot: str | bytes) -> bytes:
+    body = snapshot.encode() if isinstance(snapshot, str) else snapshot
     return frame(
-        "message",
-        b'{"message":' + snapshot.encode() + b"}",
-        event_id=str(changed_sequence),
+        "message", b'{"message":' + body + b"}", event_id=str(changed_sequence)
     )
 
 
-def part_mutation(message_hex: str, revision: int, part: dict[str, Any]) -> bytes:
-    body = {"message_id": "message_" + message_hex, "revision": revision, "part": part}
+def part_mutation(message_id: uuid.UUID, revision: int, part: dict[str, Any]) -> bytes:
+    body = {
+        "message_id": format_id("message", message_id),
+        "revision": revision,
+        "part": part,
+    }
     return frame("part", wire.dumps(body))
 
 
-def delta_mutation(item: Item) -> bytes:
-    cached: bytes | None = item.get("_mut")
-    if cached is None:
-        body = {
-            "message_id": "message_" + item["m"],
-            "revision": item["r"],
-            "part_id": item["pid"],
-            "offset": item["o"],
-            "text": item["t"],
-        }
-        cached = frame("delta", wire.dumps(body))
-        item["_mut"] = cached
-    return cached
+def delta_mutation(delta: TextDelta, offset: int, text: str) -> bytes:
+    body = {
+        "message_id": format_id("message", delta.message_id),
+        "revision": delta.revision,
+        "part_id": delta.part_id,
+        "offset": offset,
+        "text": text,
+    }
+    return frame("delta", wire.dumps(body))
 
 
 def reset(reason: str) -> bytes:

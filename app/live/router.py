@@ -1,11 +1,10 @@
 """The two SSE streams: upstream's `/sse` and the Mutation stream. The routes validate
 and look up before streaming, then hand off to generators that own their resources."""
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
-from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from app.deps import OrgId, SessionId, StateDep
 from app.errors import InvalidRequest, problem_responses
@@ -13,6 +12,8 @@ from app.events import service as events_service
 from app.events.router import EVENT_ID_SCHEMA, TypeFilter, validate_types
 from app.events.types import VALID_EVENT_TYPES
 from app.ids import parse_or_400
+from app.live import frames
+from app.live.response import EventStreamResponse
 from app.live.streams import StreamConfig, message_mutations, upstream_events
 from app.schemas import MAX_INT32
 from app.state import AppState
@@ -115,18 +116,12 @@ MUTATION_SSE_RESPONSES = _sse_responses(
 )
 
 
-def _response(
-    state: AppState, frames: AsyncIterator[bytes], keepalive: str
-) -> EventSourceResponse:
-    """The one adapter to the SSE transport: pre-encoded frames, a keep-alive comment
-    (`: heartbeat` upstream, `: ping` on the Mutation stream) and a send timeout."""
-    return EventSourceResponse(
-        frames,
-        ping=state.settings.sse_heartbeat_seconds,
-        ping_message_factory=lambda: ServerSentEvent(comment=keepalive, sep="\n"),
-        sep="\n",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        send_timeout=state.settings.sse_send_timeout_seconds,
+def _config(state: AppState, keepalive: str) -> StreamConfig:
+    """Stream settings: the keep-alive comment is `: heartbeat` upstream and `: ping`
+    on the Mutation stream."""
+    settings = state.settings
+    return StreamConfig(
+        settings.sse_retry_ms, settings.sse_cycle_seconds, frames.comment(keepalive)
     )
 
 
@@ -157,7 +152,7 @@ def _sequence(text: str, name: str) -> int:
 
 @router.get(
     "/sessions/{session_id}/sse",
-    response_class=EventSourceResponse,
+    response_class=EventStreamResponse,
     responses=UPSTREAM_SSE_RESPONSES,
 )
 async def stream_sse(
@@ -175,7 +170,7 @@ async def stream_sse(
         str | None,
         Header(alias="Last-Event-ID", json_schema_extra=LAST_EVENT_ID_SCHEMA),
     ] = None,
-) -> EventSourceResponse:
+) -> EventStreamResponse:
     """Upstream's event stream: `connected`, then durable events after the cursor
     (`since_id`, `after_sequence` or the `Last-Event-ID` header), then live events
     including deltas. `: heartbeat` comments keep it open; a `disconnecting` frame
@@ -211,26 +206,23 @@ async def stream_sse(
         ) and event_type not in exclude_filter
 
     slot = state.limits.acquire(session_id)
-    return _response(
-        state,
+    return EventStreamResponse(
         upstream_events(
             database=state.database,
             fanout=state.fanout,
             session_id=session_id,
             cursor=cursor,
             accept=accept,
-            config=StreamConfig(
-                state.settings.sse_retry_ms, state.settings.sse_cycle_seconds
-            ),
+            config=_config(state, "heartbeat"),
             release=slot.release,
         ),
-        "heartbeat",
+        state.fanout,
     )
 
 
 @router.get(
     "/sessions/{session_id}/messages/stream",
-    response_class=EventSourceResponse,
+    response_class=EventStreamResponse,
     responses=MUTATION_SSE_RESPONSES,
 )
 async def stream_messages(
@@ -249,7 +241,7 @@ async def stream_messages(
         str | None,
         Header(alias="Last-Event-ID", json_schema_extra=CURSOR_HEADER_SCHEMA),
     ] = None,
-) -> EventSourceResponse:
+) -> EventStreamResponse:
     """The Mutation stream: `message` (complete snapshot, `id:` = cursor), `part` and
     `delta` (the live projection), `reset` (reload snapshots). On connect it replays the
     latest snapshot of every message changed after the cursor, then the live parts of
@@ -264,18 +256,15 @@ async def stream_messages(
             db, organization_id=org, session_id=session_id
         )
     slot = state.limits.acquire(session_id)
-    return _response(
-        state,
+    return EventStreamResponse(
         message_mutations(
             database=state.database,
             fanout=state.fanout,
             session_id=session_id,
             after=cursor,
             include_internal=include_internal,
-            config=StreamConfig(
-                state.settings.sse_retry_ms, state.settings.sse_cycle_seconds
-            ),
+            config=_config(state, "ping"),
             release=slot.release,
         ),
-        "ping",
+        state.fanout,
     )

@@ -1,7 +1,8 @@
 """The two streams as async generators of encoded frames. They hold no database
-connection while they wait: every read is a short unit of work of its own."""
+connection while they wait: every read is a short unit of work of its own. They wait
+on their subscription alone: heartbeats and the end of a connection cycle arrive in it
+as markers from the fan-out's process timer."""
 
-import asyncio
 import random
 import time
 import uuid
@@ -14,7 +15,17 @@ from app.db import models
 from app.db.session import Database
 from app.events import service as events_service
 from app.live import frames
-from app.live.fanout import Fanout, Item, Subscription, event_item
+from app.live.fanout import (
+    CYCLE,
+    GONE,
+    HEARTBEAT,
+    RESYNC,
+    DeltaOut,
+    EventOut,
+    Fanout,
+    MessageOut,
+    PartOut,
+)
 
 REPLAY_PAGE = 500
 
@@ -23,21 +34,13 @@ REPLAY_PAGE = 500
 class StreamConfig:
     retry_ms: int
     cycle_seconds: float
+    # The keep-alive comment sent on the fan-out's heartbeats; None sends none.
+    keepalive: bytes | None = None
 
 
 def _cycle_deadline(cycle_seconds: float) -> float:
     # ±20 % jitter, as upstream, so clients of one deploy do not reconnect in lockstep.
     return time.monotonic() + cycle_seconds * random.uniform(0.8, 1.2)
-
-
-async def _next(sub: Subscription, deadline: float) -> Item | None:
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        return None
-    try:
-        return await asyncio.wait_for(sub.queue.get(), remaining)
-    except TimeoutError:
-        return None
 
 
 async def _last_sequence(database: Database, session_id: uuid.UUID) -> int | None:
@@ -80,36 +83,42 @@ async def upstream_events(
                 database, session_id, position, accept, config
             ):
                 yield chunk
-        deadline = _cycle_deadline(config.cycle_seconds)
+        sub.deadline = _cycle_deadline(config.cycle_seconds)
         while True:
-            item = await _next(sub, deadline)
+            item = await sub.next()
             if item is None:
-                yield frames.disconnecting("connection_cycle", config.retry_ms)
+                if sub.overflowed:
+                    yield frames.disconnecting("error", config.retry_ms)
                 return
-            if sub.overflowed:
-                yield frames.disconnecting("error", config.retry_ms)
-                return
-            kind = item["k"]
-            if kind == "e":
-                if item["q"] <= position.sequence:
+            if isinstance(item, EventOut):
+                if item.sequence <= position.sequence:
                     continue
-                if item["q"] > position.sequence + 1:
+                if item.sequence > position.sequence + 1:
                     async for chunk in _replay_events(
                         database,
                         session_id,
                         position,
                         accept,
                         config,
-                        upto=item["q"] - 1,
+                        upto=item.sequence - 1,
                     ):
                         yield chunk
-                position.sequence = item["q"]
-                if accept(item["type"]):
-                    yield frames.durable_event(item, config.retry_ms)
-            elif kind == "d":
-                if accept(item["ev"]):
-                    yield frames.delta_event(item, config.retry_ms)
-            elif kind == "resync":
+                position.sequence = item.sequence
+                if accept(item.type):
+                    yield item.frame
+            elif isinstance(item, DeltaOut):
+                if accept(item.delta.event_type):
+                    yield item.sse_frame
+            elif item is HEARTBEAT:
+                if config.keepalive is not None:
+                    yield config.keepalive
+            elif item is CYCLE:
+                yield frames.disconnecting("connection_cycle", config.retry_ms)
+                return
+            elif item is GONE:
+                yield frames.disconnecting("session_deleted", config.retry_ms)
+                return
+            elif item is RESYNC:
                 async for chunk in _replay_events(
                     database, session_id, position, accept, config
                 ):
@@ -137,8 +146,7 @@ async def _replay_events(
         for sequence, event_id, event_type, body in rows:
             position.sequence = sequence
             if accept(event_type):
-                item = event_item(sequence, event_id, event_type, body)
-                yield frames.durable_event(item, config.retry_ms)
+                yield frames.durable_event(event_id, event_type, body, config.retry_ms)
         if len(rows) < REPLAY_PAGE:
             return
 
@@ -181,48 +189,57 @@ async def message_mutations(
             for part in parts:
                 sent[part["part_id"]] = len(part.get("text", ""))
                 yield frames.part_mutation(
-                    projection.message_id.hex, projection.revision, part
+                    projection.message_id, projection.revision, part
                 )
-        deadline = _cycle_deadline(config.cycle_seconds)
+        sub.deadline = _cycle_deadline(config.cycle_seconds)
         while True:
-            item = await _next(sub, deadline)
+            item = await sub.next()
             if item is None:
+                if sub.overflowed:
+                    yield frames.reset("slow_consumer")
                 return
-            if sub.overflowed:
-                yield frames.reset("slow_consumer")
-                return
-            kind = item["k"]
-            if kind == "e":
-                if item["q"] > cursor + 1:
+            if isinstance(item, EventOut):
+                if item.sequence > cursor + 1:
                     async for chunk in _changed_messages(
-                        database, session_id, cursor, item["q"] - 1, include_internal
+                        database,
+                        session_id,
+                        cursor,
+                        item.sequence - 1,
+                        include_internal,
                     ):
                         yield chunk
-                cursor = max(cursor, item["q"])
-            elif kind == "m":
+                cursor = max(cursor, item.sequence)
+            elif isinstance(item, MessageOut):
                 # Replayed snapshots already cover what committed up to `last`; without
                 # a cursor nothing was replayed, so every checkpoint is sent.
-                if after is not None and item["q"] <= last:
+                if after is not None and item.sequence <= last:
                     continue
-                if include_internal or item["vis"] == "visible":
-                    yield frames.message_mutation(item)
-            elif kind == "p":
-                part = item["part"]
-                sent[part["part_id"]] = len(part.get("text", ""))
-                yield frames.part_mutation(item["m"], item["r"], part)
-            elif kind == "d":
-                known = sent.get(item["pid"])
+                if include_internal or item.visible:
+                    yield item.frame
+            elif isinstance(item, PartOut):
+                sent[item.part_id] = item.text_length
+                yield item.frame
+            elif isinstance(item, DeltaOut):
+                delta = item.delta
+                known = sent.get(delta.part_id)
                 if known is None:
                     continue
-                end = item["o"] + len(item["t"])
+                end = delta.offset + len(delta.text)
                 if end <= known:
                     continue
-                if item["o"] < known:
-                    item = {**item, "t": item["t"][known - item["o"] :], "o": known}
-                    item.pop("_mut", None)
-                sent[item["pid"]] = end
-                yield frames.delta_mutation(item)
-            elif kind == "resync":
+                sent[delta.part_id] = end
+                if delta.offset < known:
+                    yield frames.delta_mutation(
+                        delta, known, delta.text[known - delta.offset :]
+                    )
+                else:
+                    yield item.mutation_frame
+            elif item is HEARTBEAT:
+                if config.keepalive is not None:
+                    yield config.keepalive
+            elif item is CYCLE or item is GONE:
+                return
+            elif item is RESYNC:
                 async for chunk in _changed_messages(
                     database, session_id, cursor, None, include_internal
                 ):
@@ -253,4 +270,4 @@ async def _changed_messages(
             stmt = stmt.where(models.Message.visibility == "visible")
         rows = (await db.execute(stmt.order_by(models.Message.changed_sequence))).all()
     for changed, snapshot in rows:
-        yield frames.snapshot_mutation(changed, snapshot)
+        yield frames.message_mutation(changed, snapshot)

@@ -28,6 +28,15 @@ from app.events.service import EventSpec
 from app.ids import format_id, uuid7
 from app.live.bus import Bus
 from app.live.fanout import Fanout
+from app.live.items import (
+    Kick,
+    PartStarted,
+    RepublishParts,
+    Resync,
+    StepEnded,
+    TextDelta as LiveDelta,
+    Wakeup,
+)
 from app.messages import checkpoint
 from app.runner.drivers import (
     Annotations,
@@ -73,15 +82,28 @@ class LiveStep:
         self.parts.append(part)
         return part
 
-    def item(self, kind: str, **fields: Any) -> dict[str, Any]:
-        return {
-            "k": kind,
-            "s": self.session_id.hex,
-            "m": self.message_id.hex,
-            "r": self.revision,
-            "turn": format_id("turn", self.turn_id),
-            **fields,
-        }
+    def part_started(self, part: dict[str, Any]) -> PartStarted:
+        return PartStarted(
+            self.session_id,
+            self.message_id,
+            self.revision,
+            format_id("turn", self.turn_id),
+            dict(part),
+        )
+
+    def delta(self, part_id: str, offset: int, text: str, event_type: str) -> LiveDelta:
+        return LiveDelta(
+            self.session_id,
+            self.message_id,
+            self.revision,
+            format_id("turn", self.turn_id),
+            part_id,
+            offset,
+            text,
+            event_type,
+            format_id("event", uuid7()),
+            wire.event_ts(utcnow()),
+        )
 
 
 class TurnRunner:
@@ -97,7 +119,9 @@ class TurnRunner:
         self.tasks: dict[uuid.UUID, asyncio.Task[None]] = {}
         self.rekick: set[uuid.UUID] = set()
         self.live: dict[uuid.UUID, LiveStep] = {}
-        self._resync_asked: dict[uuid.UUID, float] = {}
+        # Set by every wake-up of a session whose turn runs here: time to check for a
+        # cancel request.
+        self.watches: dict[uuid.UUID, asyncio.Event] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self.is_distributed = settings.database_url.startswith("postgresql")
@@ -106,8 +130,6 @@ class TurnRunner:
 
     async def start(self) -> None:
         await self.leases.start()
-        self.fanout.control_handlers.append(self._on_control)
-        self.fanout.resync_requests.append(self._ask_resync)
         await self.recover(
             grace_seconds=0
             if not self.is_distributed
@@ -134,25 +156,25 @@ class TurnRunner:
 
     # ---- control -------------------------------------------------------------------
 
-    def _on_control(self, item: dict[str, Any]) -> None:
-        op = item.get("op")
-        if op == "kick":
-            self.kick(uuid.UUID(hex=item["s"]))
-        elif op == "resync":
-            step = self.live.get(uuid.UUID(hex=item["m"]))
+    def deliver(self, item: Wakeup | Kick | RepublishParts | Resync) -> None:
+        """The runner's inbox (see app.live.dispatch)."""
+        if isinstance(item, Kick):
+            self.kick(item.session_id)
+        elif isinstance(item, Wakeup):
+            watch = self.watches.get(item.session_id)
+            if watch is not None:
+                watch.set()
+        elif isinstance(item, RepublishParts):
+            step = self.live.get(item.message_id)
             if step is not None:
                 self._spawn(self._republish(step))
-
-    def _ask_resync(self, message_id: uuid.UUID) -> None:
-        now = time.monotonic()
-        if now - self._resync_asked.get(message_id, 0.0) < 1.0:
-            return
-        self._resync_asked[message_id] = now
-        self._spawn(self.bus.publish({"k": "c", "op": "resync", "m": message_id.hex}))
+        else:
+            for watch in self.watches.values():
+                watch.set()
 
     async def _republish(self, step: LiveStep) -> None:
         for part in list(step.parts):
-            await self.bus.publish(step.item("p", part=dict(part)))
+            await self.bus.publish(step.part_started(part))
 
     def kick(self, session_id: uuid.UUID) -> None:
         """Run the session's active turn here, unless this process already does."""
@@ -257,7 +279,7 @@ class TurnRunner:
         return newer is not None
 
     async def _run_turn(self, session_id: uuid.UUID, turn_id: uuid.UUID) -> None:
-        watch = self.fanout.watch(session_id)
+        watch = self.watches[session_id] = asyncio.Event()
         started = time.monotonic()
         message_id: uuid.UUID | None = None
         iteration = 0
@@ -311,9 +333,7 @@ class TurnRunner:
                         len(committed.message.content),
                     )
                 self.live.pop(message_id, None)
-                await self.bus.publish(
-                    {"k": "x", "s": session_id.hex, "m": message_id.hex}
-                )
+                await self.bus.publish(StepEnded(session_id, message_id))
                 tool_results = []
                 for call in tool_calls:
                     tool_count += 1
@@ -402,7 +422,8 @@ class TurnRunner:
                 ),
             )
         finally:
-            self.fanout.unwatch(session_id, watch)
+            if self.watches.get(session_id) is watch:
+                del self.watches[session_id]
             if message_id is not None:
                 self.live.pop(message_id, None)
 
@@ -428,14 +449,14 @@ class TurnRunner:
             if isinstance(event, TextDelta):
                 if text_part is None:
                     text_part = step.new_part({"type": "text", "text": ""})
-                    await self.bus.publish(step.item("p", part=dict(text_part)))
+                    await self.bus.publish(step.part_started(text_part))
                 await self._delta(step, text_part, event.text, "output.message.delta")
             elif isinstance(event, ReasoningDelta):
                 if reasoning_part is None:
                     reasoning_part = step.new_part(
                         {"type": "reasoning", "provider": self.driver.name, "text": ""}
                     )
-                    await self.bus.publish(step.item("p", part=dict(reasoning_part)))
+                    await self.bus.publish(step.part_started(reasoning_part))
                 await self._delta(
                     step, reasoning_part, event.text, "reason.thinking.delta"
                 )
@@ -449,7 +470,7 @@ class TurnRunner:
                         "status": "requested",
                     }
                 )
-                await self.bus.publish(step.item("p", part=dict(part)))
+                await self.bus.publish(step.part_started(part))
                 tool_calls.append(event)
                 text_part = None
             elif isinstance(event, Annotations) and text_part is not None:
@@ -467,17 +488,7 @@ class TurnRunner:
     ) -> None:
         offset = len(part["text"])
         part["text"] += text
-        await self.bus.publish(
-            step.item(
-                "d",
-                pid=part["part_id"],
-                o=offset,
-                t=text,
-                ev=event_type,
-                eid=format_id("event", uuid7()),
-                ts=wire.event_ts(utcnow()),
-            )
-        )
+        await self.bus.publish(step.delta(part["part_id"], offset, text, event_type))
 
     async def _run_tool(
         self, session_id: uuid.UUID, message_id: uuid.UUID, call: ToolCall
@@ -532,7 +543,7 @@ class TurnRunner:
                     await checkpoint.close_message(db, session, message, error=error)
             await checkpoint.finish_turn(db, session, turn_id=turn_id, outcome=outcome)
         if message_id is not None:
-            await self.bus.publish({"k": "x", "s": session_id.hex, "m": message_id.hex})
+            await self.bus.publish(StepEnded(session_id, message_id))
 
     # ---- recovery ------------------------------------------------------------------
 
@@ -563,9 +574,7 @@ class TurnRunner:
             finally:
                 await self.leases.release(session_id)
             for message_id in closed:
-                await self.bus.publish(
-                    {"k": "x", "s": session_id.hex, "m": message_id.hex}
-                )
+                await self.bus.publish(StepEnded(session_id, message_id))
             recovered += 1
         return recovered
 

@@ -1,0 +1,81 @@
+"""Routes every bus item that reaches this process to what needs it: the hot-read cache
+(wake-ups and deletions invalidate), the fan-out (what stream subscribers need) and the
+turn runner's inbox (kicks, republish requests, and wake-ups of the sessions it runs,
+which is how a cancel sent to any process reaches it)."""
+
+import asyncio
+import time
+import uuid
+from typing import Protocol
+
+from app.live.bus import Bus
+from app.live.fanout import Fanout
+from app.live.items import (
+    BusItem,
+    Deleted,
+    Kick,
+    PartStarted,
+    RepublishParts,
+    Resync,
+    StepEnded,
+    TextDelta,
+    Wakeup,
+)
+from app.messages.cache import PageCache
+
+# A process that missed the start of a live part asks its runner at most this often.
+REPUBLISH_INTERVAL_SECONDS = 1.0
+
+
+class RunnerInbox(Protocol):
+    def deliver(self, item: Wakeup | Kick | RepublishParts | Resync) -> None: ...
+
+
+class Dispatcher:
+    def __init__(
+        self, bus: Bus, cache: PageCache, fanout: Fanout, runner: RunnerInbox
+    ) -> None:
+        self.bus = bus
+        self.cache = cache
+        self.fanout = fanout
+        self.runner = runner
+        self._asked: dict[uuid.UUID, float] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        bus.sink = self.deliver
+        bus.on_listening = cache.connected
+        fanout.on_missed_part = self.ask_republish
+
+    def deliver(self, item: BusItem) -> None:
+        if isinstance(item, TextDelta | PartStarted | StepEnded):
+            self.fanout.deliver(item)
+        elif isinstance(item, Wakeup):
+            self.cache.committed(item.session_id, item.sequence)
+            self.fanout.deliver(item)
+            self.runner.deliver(item)
+        elif isinstance(item, Deleted):
+            self.cache.deleted(item.session_id)
+            self.fanout.deliver(item)
+        elif isinstance(item, Resync):
+            self.fanout.deliver(item)
+            self.runner.deliver(item)
+        else:
+            self.runner.deliver(item)
+
+    def committed_here(self, session_id: uuid.UUID, sequence: int | None) -> None:
+        """A commit of this process, before its NOTIFY comes back (None: a deletion):
+        the cache learns of it at once, so a client reads its own writes here."""
+        if sequence is None:
+            self.cache.deleted(session_id)
+        else:
+            self.cache.committed(session_id, sequence)
+
+    def ask_republish(self, message_id: uuid.UUID) -> None:
+        now = time.monotonic()
+        if now - self._asked.get(message_id, 0.0) < REPUBLISH_INTERVAL_SECONDS:
+            return
+        self._asked[message_id] = now
+        if len(self._asked) > 10_000:
+            self._asked.clear()
+        task = asyncio.create_task(self.bus.publish(RepublishParts(message_id)))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

@@ -1,0 +1,83 @@
+"""The SSE transport: an ASGI response that writes pre-encoded frames as they come.
+
+Each write is one `send` of bytes the fan-out already encoded, with no per-frame
+timeout scope or task. A client that disconnects is noticed by one waiter on
+`receive()`; a client whose socket stops accepting data is noticed by the fan-out's
+process timer. Either way the response's task is cancelled where it waits, its stream
+generator is closed (releasing its subscription and slot), and it returns.
+"""
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from app.live.fanout import Fanout, StreamWriter
+
+HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"connection", b"keep-alive"),
+    # Proxies such as nginx would otherwise buffer the stream.
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class EventStreamResponse(Response):
+    media_type = "text/event-stream"
+
+    def __init__(self, stream: AsyncIterator[bytes], fanout: Fanout) -> None:
+        # No Response.__init__: a stream has no body and so no Content-Length.
+        self.stream = stream
+        self.fanout = fanout
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = list(HEADERS)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+        )
+        if scope["method"] == "HEAD":
+            await send({"type": "http.response.body", "body": b""})
+            return
+        task = asyncio.current_task()
+        writer = StreamWriter(task)
+        gone = False
+
+        async def until_disconnect() -> None:
+            nonlocal gone
+            # The first message is the (empty) request body; then the disconnect.
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            if task is not None:
+                task.cancel()
+
+        watcher = asyncio.create_task(until_disconnect())
+        self.fanout.writers.add(writer)
+        stream = self.stream
+        try:
+            async for chunk in stream:
+                writer.send_started = time.monotonic()
+                await send(
+                    {"type": "http.response.body", "body": chunk, "more_body": True}
+                )
+                writer.send_started = None
+        except asyncio.CancelledError:
+            if not (gone or writer.stuck):
+                raise
+            # Ours: the client left, or stopped reading. Nothing more can be sent.
+            if task is not None:
+                task.uncancel()
+            return
+        finally:
+            self.fanout.writers.discard(writer)
+            watcher.cancel()
+            if isinstance(stream, AsyncGenerator):
+                with contextlib.suppress(Exception):
+                    await stream.aclose()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
