@@ -70,9 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             heartbeat_seconds=settings.sse_heartbeat_seconds,
             send_timeout_seconds=settings.sse_send_timeout_seconds,
         )
-        runner = TurnRunner(
-            settings=settings, database=database, bus=bus, fanout=fanout
-        )
+        runner = TurnRunner(settings=settings, database=database, bus=bus)
         dispatcher = Dispatcher(bus, cache, fanout, runner)
         bus.local_commit = dispatcher.committed_here
         await bus.start()

@@ -27,19 +27,28 @@ HEADERS = [
 
 
 class EventStreamResponse(Response):
-    media_type = "text/event-stream"
+    # The content type is in HEADERS. The class declares none, so FastAPI documents
+    # the route's problem+json answers as their own, not as event streams.
+    media_type = None
 
-    def __init__(self, stream: AsyncIterator[bytes], fanout: Fanout) -> None:
+    def __init__(
+        self, stream: AsyncIterator[bytes], fanout: Fanout, status_code: int = 200
+    ) -> None:
         # No Response.__init__: a stream has no body and so no Content-Length.
+        # (`status_code` is here for FastAPI, which reads its default for the OpenAPI.)
         self.stream = stream
         self.fanout = fanout
-        self.status_code = 200
+        self.status_code = status_code
         self.background = None
         self.raw_headers = list(HEADERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send(
-            {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+            {
+                "type": "http.response.start",
+                "status": self.status_code,
+                "headers": self.raw_headers,
+            }
         )
         if scope["method"] == "HEAD":
             await send({"type": "http.response.body", "body": b""})

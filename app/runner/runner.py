@@ -27,7 +27,6 @@ from app.db.types import utcnow
 from app.events.service import EventSpec
 from app.ids import format_id, uuid7
 from app.live.bus import Bus
-from app.live.fanout import Fanout
 from app.live.items import (
     Kick,
     PartStarted,
@@ -107,13 +106,10 @@ class LiveStep:
 
 
 class TurnRunner:
-    def __init__(
-        self, *, settings: Settings, database: Database, bus: Bus, fanout: Fanout
-    ) -> None:
+    def __init__(self, *, settings: Settings, database: Database, bus: Bus) -> None:
         self.settings = settings
         self.database = database
         self.bus = bus
-        self.fanout = fanout
         self.driver = create_driver(settings.model_driver, settings.scripted_delay_ms)
         self.leases = create_leases(settings.database_url)
         self.tasks: dict[uuid.UUID, asyncio.Task[None]] = {}
