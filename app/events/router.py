@@ -8,23 +8,11 @@ from app import wire
 from app.deps import OrgId, ReadDb, SessionId
 from app.errors import InvalidRequest, problem_responses
 from app.events import schemas, service
-from app.events.types import MAX_TYPE_FILTERS, VALID_EVENT_TYPES
+from app.events.types import MAX_TYPE_FILTERS, VALID_EVENT_TYPES, validate_types
 from app.ids import parse_or_400
 from app.schemas import MAX_INT32
 
 router = APIRouter(tags=["events"])
-
-
-def validate_types(name: str, values: list[str] | None) -> tuple[str, ...]:
-    """Upstream's filter rules: known type names only, at most 64 values."""
-    if not values:
-        return ()
-    if len(values) > MAX_TYPE_FILTERS:
-        raise InvalidRequest(f"{name}: too many values (max {MAX_TYPE_FILTERS})")
-    for value in values:
-        if value not in VALID_EVENT_TYPES:
-            raise InvalidRequest(f"{name}: unknown event type '{value}'")
-    return tuple(values)
 
 
 # The documented shapes of the cursor and filter parameters. The handlers enforce them

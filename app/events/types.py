@@ -1,5 +1,9 @@
 """Upstream's event type registry (crates/core/src/events/mod.rs, VALID_EVENT_TYPES)."""
 
+from collections.abc import Sequence
+
+from app.errors import InvalidRequest
+
 # Never persisted: no sequence, no SSE `id:`; they travel on the bus only.
 EPHEMERAL_TYPES = frozenset(
     {
@@ -74,3 +78,15 @@ VALID_EVENT_TYPES = frozenset(
 )
 
 MAX_TYPE_FILTERS = 64
+
+
+def validate_types(name: str, values: Sequence[str] | None) -> tuple[str, ...]:
+    """Upstream's filter rules: known type names only, at most 64 values."""
+    if not values:
+        return ()
+    if len(values) > MAX_TYPE_FILTERS:
+        raise InvalidRequest(f"{name}: too many values (max {MAX_TYPE_FILTERS})")
+    for value in values:
+        if value not in VALID_EVENT_TYPES:
+            raise InvalidRequest(f"{name}: unknown event type '{value}'")
+    return tuple(values)

@@ -7,16 +7,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query
 
 from app.deps import OrgId, SessionId, StateDep
-from app.errors import InvalidRequest, problem_responses
-from app.events import service as events_service
-from app.events.router import EVENT_ID_SCHEMA, TypeFilter, validate_types
+from app.errors import problem_responses
+from app.events.router import EVENT_ID_SCHEMA, TypeFilter
 from app.events.types import VALID_EVENT_TYPES
-from app.ids import parse_or_400
-from app.live import frames
+from app.live import service
 from app.live.response import EventStreamResponse
-from app.live.streams import StreamConfig, message_mutations, upstream_events
 from app.schemas import MAX_INT32
-from app.state import AppState
 
 router = APIRouter(tags=["streams"])
 
@@ -116,15 +112,6 @@ MUTATION_SSE_RESPONSES = _sse_responses(
 )
 
 
-def _config(state: AppState, keepalive: str) -> StreamConfig:
-    """Stream settings: the keep-alive comment is `: heartbeat` upstream and `: ping`
-    on the Mutation stream."""
-    settings = state.settings
-    return StreamConfig(
-        settings.sse_retry_ms, settings.sse_cycle_seconds, frames.comment(keepalive)
-    )
-
-
 # A Mutation stream cursor: the session event sequence as a string; empty is no cursor.
 CURSOR_SCHEMA = {"anyOf": [{"type": "string", "pattern": "^[0-9]*$"}, {"type": "null"}]}
 
@@ -142,12 +129,6 @@ def _header_schema(pattern: str) -> Callable[[dict[str, Any]], None]:
 # An EventSource resends the last `id:` it saw; empty is no cursor.
 LAST_EVENT_ID_SCHEMA = _header_schema("^(event_[0-9a-f]{32})?$")
 CURSOR_HEADER_SCHEMA = _header_schema("^[0-9]*$")
-
-
-def _sequence(text: str, name: str) -> int:
-    if not text.isdigit():
-        raise InvalidRequest(f"{name}: expected a non-negative integer cursor")
-    return int(text)
 
 
 @router.get(
@@ -175,48 +156,15 @@ async def stream_sse(
     (`since_id`, `after_sequence` or the `Last-Event-ID` header), then live events
     including deltas. `: heartbeat` comments keep it open; a `disconnecting` frame
     precedes each periodic close."""
-    type_filter = set(validate_types("types", types))
-    exclude_filter = set(validate_types("exclude", exclude))
-    if since_id is not None and after_sequence is not None:
-        raise InvalidRequest("since_id and after_sequence are mutually exclusive")
-    event_cursor = since_id
-    if last_event_id:
-        # Parsed even when a query cursor wins: a malformed header is a bad request.
-        parse_or_400("event", "event", last_event_id)
-        if event_cursor is None and after_sequence is None:
-            event_cursor = last_event_id
-    event_uuid = (
-        parse_or_400("event", "event", event_cursor)
-        if event_cursor is not None
-        else None
-    )
-    async with state.database.read() as db:
-        await events_service.require_session(
-            db, organization_id=org, session_id=session_id
-        )
-        cursor = (
-            after_sequence
-            if event_uuid is None
-            else await events_service.cursor_after_event(db, session_id, event_uuid)
-        )
-
-    def accept(event_type: str) -> bool:
-        return (
-            not type_filter or event_type in type_filter
-        ) and event_type not in exclude_filter
-
-    slot = state.limits.acquire(session_id)
-    return EventStreamResponse(
-        upstream_events(
-            database=state.database,
-            fanout=state.fanout,
-            session_id=session_id,
-            cursor=cursor,
-            accept=accept,
-            config=_config(state, "heartbeat"),
-            release=slot.release,
-        ),
-        state.fanout,
+    return await service.open_upstream(
+        state,
+        organization_id=org,
+        session_id=session_id,
+        since_id=since_id,
+        after_sequence=after_sequence,
+        types=types or (),
+        exclude=exclude or (),
+        last_event_id=last_event_id,
     )
 
 
@@ -246,25 +194,11 @@ async def stream_messages(
     `delta` (the live projection), `reset` (reload snapshots). On connect it replays the
     latest snapshot of every message changed after the cursor, then the live parts of
     messages still streaming."""
-    header = _sequence(last_event_id, "Last-Event-ID") if last_event_id else None
-    if after is not None:
-        cursor = _sequence(after, "after") if after else None
-    else:
-        cursor = header
-    async with state.database.read() as db:
-        await events_service.require_session(
-            db, organization_id=org, session_id=session_id
-        )
-    slot = state.limits.acquire(session_id)
-    return EventStreamResponse(
-        message_mutations(
-            database=state.database,
-            fanout=state.fanout,
-            session_id=session_id,
-            after=cursor,
-            include_internal=include_internal,
-            config=_config(state, "ping"),
-            release=slot.release,
-        ),
-        state.fanout,
+    return await service.open_mutations(
+        state,
+        organization_id=org,
+        session_id=session_id,
+        after=after,
+        include_internal=include_internal,
+        last_event_id=last_event_id,
     )

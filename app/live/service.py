@@ -1,0 +1,123 @@
+"""Opening the two streams: validate the cursors and filters, check the session, take a
+connection slot, and hand off to the stream generators. Shared by the FastAPI routes
+and the hot path (app/messages/hot.py), so both answer alike; every refusal is an
+AppError raised before anything is held."""
+
+import uuid
+from collections.abc import Sequence
+
+from app.errors import InvalidRequest
+from app.events import service as events_service
+from app.events.types import validate_types
+from app.ids import parse_or_400
+from app.live import frames
+from app.live.response import EventStreamResponse
+from app.live.streams import StreamConfig, message_mutations, upstream_events
+from app.state import AppState
+
+
+def _config(state: AppState, keepalive: str) -> StreamConfig:
+    """The keep-alive comment is `: heartbeat` upstream and `: ping` on the Mutation
+    stream."""
+    settings = state.settings
+    return StreamConfig(
+        settings.sse_retry_ms, settings.sse_cycle_seconds, frames.comment(keepalive)
+    )
+
+
+def _sequence(text: str, name: str) -> int:
+    if not text.isdigit():
+        raise InvalidRequest(f"{name}: expected a non-negative integer cursor")
+    return int(text)
+
+
+async def open_upstream(
+    state: AppState,
+    *,
+    organization_id: uuid.UUID,
+    session_id: uuid.UUID,
+    since_id: str | None,
+    after_sequence: int | None,
+    types: Sequence[str],
+    exclude: Sequence[str],
+    last_event_id: str | None,
+) -> EventStreamResponse:
+    """Upstream's `/sse`, resuming after `since_id`, `after_sequence` or the
+    `Last-Event-ID` header (in that order)."""
+    type_filter = set(validate_types("types", types))
+    exclude_filter = set(validate_types("exclude", exclude))
+    if since_id is not None and after_sequence is not None:
+        raise InvalidRequest("since_id and after_sequence are mutually exclusive")
+    event_cursor = since_id
+    if last_event_id:
+        # Parsed even when a query cursor wins: a malformed header is a bad request.
+        parse_or_400("event", "event", last_event_id)
+        if event_cursor is None and after_sequence is None:
+            event_cursor = last_event_id
+    event_uuid = (
+        parse_or_400("event", "event", event_cursor)
+        if event_cursor is not None
+        else None
+    )
+    async with state.database.read() as db:
+        await events_service.require_session(
+            db, organization_id=organization_id, session_id=session_id
+        )
+        cursor = (
+            after_sequence
+            if event_uuid is None
+            else await events_service.cursor_after_event(db, session_id, event_uuid)
+        )
+
+    def accept(event_type: str) -> bool:
+        return (
+            not type_filter or event_type in type_filter
+        ) and event_type not in exclude_filter
+
+    slot = state.limits.acquire(session_id)
+    return EventStreamResponse(
+        upstream_events(
+            database=state.database,
+            fanout=state.fanout,
+            session_id=session_id,
+            cursor=cursor,
+            accept=accept,
+            config=_config(state, "heartbeat"),
+            release=slot.release,
+        ),
+        state.fanout,
+    )
+
+
+async def open_mutations(
+    state: AppState,
+    *,
+    organization_id: uuid.UUID,
+    session_id: uuid.UUID,
+    after: str | None,
+    include_internal: bool,
+    last_event_id: str | None,
+) -> EventStreamResponse:
+    """The Mutation stream, resuming after `?after=` or the `Last-Event-ID` header."""
+    header = _sequence(last_event_id, "Last-Event-ID") if last_event_id else None
+    if after is not None:
+        cursor = _sequence(after, "after") if after else None
+    else:
+        cursor = header
+    async with state.database.read() as db:
+        await events_service.require_session(
+            db, organization_id=organization_id, session_id=session_id
+        )
+    slot = state.limits.acquire(session_id)
+    return EventStreamResponse(
+        message_mutations(
+            database=state.database,
+            fanout=state.fanout,
+            session_id=session_id,
+            after=cursor,
+            include_internal=include_internal,
+            config=_config(state, "ping"),
+            release=slot.release,
+        ),
+        state.fanout,
+    )
