@@ -276,32 +276,40 @@ class RequestContextMiddleware:
         try:
             await self.app(scope, receive, send_with_id)
         except Exception as exc:
-            transient = is_transient_db_error(exc)
-            log.error(
-                "request %s %s %s failed",
-                request_id,
-                scope.get("method"),
-                scope.get("path"),
-                exc_info=not transient,
-            )
             if started:
+                log_failure(request_id, scope, exc)
                 raise
-            if transient:
-                response = problem_response(
-                    503,
-                    detail="The database is unavailable; retry shortly",
-                    code="unavailable",
-                    instance=scope.get("path"),
-                    retry_after_seconds=2,
-                )
-            else:
-                response = problem_response(
-                    500,
-                    detail="Internal server error",
-                    code="internal_error",
-                    instance=scope.get("path"),
-                )
-            await response(scope, receive, send_with_id)
+            await failure_response(request_id, scope, exc)(scope, receive, send_with_id)
+
+
+def log_failure(request_id: str, scope: Scope, exc: Exception) -> None:
+    log.error(
+        "request %s %s %s failed",
+        request_id,
+        scope.get("method"),
+        scope.get("path"),
+        exc_info=not is_transient_db_error(exc),
+    )
+
+
+def failure_response(request_id: str, scope: Scope, exc: Exception) -> Response:
+    """Log an exception that escaped a request and answer it: 503 with Retry-After for
+    a database that is unavailable, else a generic 500."""
+    log_failure(request_id, scope, exc)
+    if is_transient_db_error(exc):
+        return problem_response(
+            503,
+            detail="The database is unavailable; retry shortly",
+            code="unavailable",
+            instance=scope.get("path"),
+            retry_after_seconds=2,
+        )
+    return problem_response(
+        500,
+        detail="Internal server error",
+        code="internal_error",
+        instance=scope.get("path"),
+    )
 
 
 # Every route can also answer these: the rate limiter (429), an unexpected failure (500)

@@ -7,6 +7,7 @@ from collections import OrderedDict
 from typing import Any
 
 import orjson
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.auth import credential_from_header
@@ -104,15 +105,14 @@ class BodyGuardMiddleware:
         await response(scope, receive, send)
 
 
-class RateLimitMiddleware:
+class RateLimiter:
     """A token bucket per API key (by the hash of the credential sent) or, without one, per
     client address. Per process: behind a load balancer of N processes a client gets up to
-    N times the rate. `/health` is exempt."""
+    N times the rate."""
 
     MAX_BUCKETS = 100_000
 
-    def __init__(self, app: ASGIApp, rate: float, burst: int) -> None:
-        self.app = app
+    def __init__(self, rate: float, burst: int) -> None:
         self.rate = rate
         self.burst = float(burst)
         self.buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
@@ -132,10 +132,8 @@ class RateLimitMiddleware:
             self.buckets.popitem(last=False)
         return wait
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.rate <= 0 or scope.get("path") == "/health":
-            await self.app(scope, receive, send)
-            return
+    def refusal(self, scope: Scope) -> Response | None:
+        """Take the request's token; the 429 to answer when there is none."""
         # The key itself, however the header spells it (`Bearer <key>` or bare), so one
         # key is one bucket.
         credential = credential_from_header(_header(scope, b"authorization"))
@@ -145,15 +143,31 @@ class RateLimitMiddleware:
             client = scope.get("client")
             key = "addr:" + (client[0] if client else "unknown")
         wait = self._take(key)
-        if wait > 0:
-            response = problem_response(
-                429,
-                detail="Too many requests; slow down",
-                code="rate_limited",
-                instance=scope.get("path"),
-                retry_after_seconds=max(1, int(wait + 0.999)),
-            )
-            await response(scope, receive, send)
+        if wait <= 0:
+            return None
+        return problem_response(
+            429,
+            detail="Too many requests; slow down",
+            code="rate_limited",
+            instance=scope.get("path"),
+            retry_after_seconds=max(1, int(wait + 0.999)),
+        )
+
+
+class RateLimitMiddleware:
+    """Applies the RateLimiter to every request but `/health`."""
+
+    def __init__(self, app: ASGIApp, limiter: RateLimiter) -> None:
+        self.app = app
+        self.limiter = limiter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") == "/health":
+            await self.app(scope, receive, send)
+            return
+        refusal = self.limiter.refusal(scope)
+        if refusal is not None:
+            await refusal(scope, receive, send)
             return
         await self.app(scope, receive, send)
 

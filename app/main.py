@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.routing import APIRoute
 from starlette.middleware.cors import CORSMiddleware
+from starlette.types import Receive, Scope, Send
 
 from app import __doc__ as app_doc
 from app.auth import KeyResolver
@@ -21,14 +22,14 @@ from app.errors import (
     install_error_handlers,
 )
 from app.events.router import router as events_router
-from app.guards import BodyGuardMiddleware, RateLimitMiddleware
+from app.guards import BodyGuardMiddleware, RateLimiter, RateLimitMiddleware
+from app.hot import HotRoutes
 from app.live.bus import create_bus
 from app.live.dispatch import Dispatcher
 from app.live.fanout import Fanout
 from app.live.limits import StreamLimits
 from app.live.router import router as live_router
 from app.messages.cache import PageCache
-from app.messages.hot import HotReads
 from app.messages.router import router as messages_router
 from app.runner.runner import TurnRunner
 from app.sessions.router import router as sessions_router
@@ -51,8 +52,31 @@ def operation_id(route: APIRoute) -> str:
     return route.name
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+class Service(FastAPI):
+    """The application: hot requests are answered in front of FastAPI (app/hot.py),
+    everything else by it."""
+
+    hot: HotRoutes | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        hot = self.hot
+        if (
+            hot is not None
+            and scope["type"] == "http"
+            and await hot.serve(scope, receive, send)
+        ):
+            return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None) -> Service:
     settings = settings or get_settings()
+    limiter = (
+        RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
+        if settings.rate_limit_per_second > 0
+        else None
+    )
+    hot = HotRoutes(limiter, cors=bool(settings.cors_origins))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -91,16 +115,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         app.state.app = state
         await runner.start()
+        hot.state = state
         try:
             yield
         finally:
+            hot.state = None
             await runner.stop()
             await fanout.close()
             await bus.stop()
             await reads.close()
             await database.dispose()
 
-    app = FastAPI(
+    app = Service(
         title="evermirror",
         version=VERSION,
         description=(app_doc or "").strip(),
@@ -108,16 +134,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         generate_unique_id_function=operation_id,
     )
     install_error_handlers(app)
-    # Added innermost first: request context -> CORS -> rate limit -> body guard ->
-    # hot reads -> routes.
-    app.add_middleware(HotReads)
+    app.hot = hot
+    # Added innermost first: request context -> CORS -> rate limit -> body guard -> routes.
     app.add_middleware(BodyGuardMiddleware, max_body_bytes=settings.max_body_bytes)
-    if settings.rate_limit_per_second > 0:
-        app.add_middleware(
-            RateLimitMiddleware,
-            rate=settings.rate_limit_per_second,
-            burst=settings.rate_limit_burst,
-        )
+    if limiter is not None:
+        app.add_middleware(RateLimitMiddleware, limiter=limiter)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -692,6 +692,7 @@ async def test_unexpected_exception_is_generic_500_with_request_id(
     for reads in (app.db.reads.SqliteReads, app.db.reads.PgReads):
         monkeypatch.setattr(reads, "page", _explode)
         monkeypatch.setattr(reads, "message", _explode)
+        monkeypatch.setattr(reads, "head", _explode)
     url = f"/v1/sessions/{world.sid}" + world.fill(suffix)
     with caplog.at_level(logging.ERROR, logger="app.errors"):
         response = await assert_unchanged(world, lambda: world.client.get(url))

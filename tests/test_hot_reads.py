@@ -1,5 +1,5 @@
 """Hot reads: the newest pages and single messages answered from memory, below FastAPI's
-routing, and kept correct by the bus (app/messages/cache.py, app/messages/hot.py).
+routing, and kept correct by the bus (app/messages/cache.py, app/hot.py).
 
 Both paths must answer the same bytes; a write must be visible at once on the process
 that made it and within the bus latency on any other; a deleted session's cached pages

@@ -61,6 +61,13 @@ def _page_sql(include_internal: bool, p: Sequence[str], null: dict[str, str]) ->
     )
 
 
+def _head_sql(p: Sequence[str]) -> str:
+    return (
+        "SELECT organization_id, last_sequence, visible_message_count,"
+        f" internal_message_count FROM sessions WHERE id = {p[0]}"
+    )
+
+
 def _message_sql(p: Sequence[str]) -> str:
     return (
         "SELECT s.organization_id, s.last_sequence, s.visible_message_count,"
@@ -116,6 +123,10 @@ class Reads:
     ) -> MessageRow | None:
         raise NotImplementedError
 
+    async def head(self, session_id: uuid.UUID) -> SessionHead | None:
+        """The session row's owner and counters; None when it does not exist."""
+        raise NotImplementedError
+
 
 PG_NULLS = {"int": "NULL::integer", "text": "NULL::text", "uuid": "NULL::uuid"}
 
@@ -151,6 +162,7 @@ class PgReads(Reads):
             for flag in (False, True)
         }
         self._message = _message_sql(("$1", "$2"))
+        self._head = _head_sql(("$1",))
 
     async def start(self) -> None:
         self._pool = await asyncpg.create_pool(
@@ -200,6 +212,13 @@ class PgReads(Reads):
         r = records[0]
         return MessageRow(SessionHead(r[0], r[1], r[2], r[3]), r[4])
 
+    async def head(self, session_id: uuid.UUID) -> SessionHead | None:
+        records = await self._fetch(self._head, session_id)
+        if not records:
+            return None
+        r = records[0]
+        return SessionHead(r[0], r[1], r[2], r[3])
+
 
 SQLITE_NULLS = {"int": "NULL", "text": "NULL", "uuid": "NULL"}
 
@@ -220,6 +239,7 @@ class SqliteReads(Reads):
             for flag in (False, True)
         }
         self._message = _message_sql(("?1", "?2"))
+        self._head = _head_sql(("?1",))
 
     async def start(self) -> None:
         for _ in range(self._size):
@@ -272,6 +292,14 @@ class SqliteReads(Reads):
             return None
         r = records[0]
         return MessageRow(SessionHead(_sqlite_uuid(r[0]), r[1], r[2], r[3]), r[4])
+
+    async def head(self, session_id: uuid.UUID) -> SessionHead | None:
+        async with self._connection() as conn:
+            records = list(await conn.execute_fetchall(self._head, (session_id.hex,)))
+        if not records:
+            return None
+        r = records[0]
+        return SessionHead(_sqlite_uuid(r[0]), r[1], r[2], r[3])
 
 
 def _sqlite_uuid(value: bytes | str) -> uuid.UUID:

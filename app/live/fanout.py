@@ -15,7 +15,6 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,7 +116,9 @@ class Subscription:
     ) -> None:
         self.session_id = session_id
         self.limit = limit
-        self.pending: deque[Out] = deque()
+        # A list, not a deque: an idle stream holds it, and an empty deque costs a
+        # 0.7 KB block; queues are short, so popping the front is cheap.
+        self.pending: list[Out] = []
         self.waiter: asyncio.Future[None] | None = None
         self.overflowed = False
         # The client went away, or its stream was stopped from outside.
@@ -157,7 +158,7 @@ class Subscription:
                 self.waiter = None
         if self.overflowed:
             return None
-        return self.pending.popleft()
+        return self.pending.pop(0)
 
 
 class StreamWriter:

@@ -1,15 +1,15 @@
 """Opening the two streams: validate the cursors and filters, check the session, take a
 connection slot, and hand off to the stream generators. Shared by the FastAPI routes
-and the hot path (app/messages/hot.py), so both answer alike; every refusal is an
+and the hot path (app/hot.py), so both answer alike; every refusal is an
 AppError raised before anything is held."""
 
 import uuid
 from collections.abc import Sequence
 
-from app.errors import InvalidRequest
+from app.errors import InvalidRequest, SessionNotFound
 from app.events import service as events_service
 from app.events.types import validate_types
-from app.ids import parse_or_400
+from app.ids import format_id, parse_or_400
 from app.live import frames
 from app.live.response import EventStreamResponse
 from app.live.streams import StreamConfig, message_mutations, upstream_events
@@ -23,6 +23,16 @@ def _config(state: AppState, keepalive: str) -> StreamConfig:
     return StreamConfig(
         settings.sse_retry_ms, settings.sse_cycle_seconds, frames.comment(keepalive)
     )
+
+
+async def _require_session(
+    state: AppState, organization_id: uuid.UUID, session_id: uuid.UUID
+) -> None:
+    """One statement on a driver connection: a stream's connect does no ORM work, so
+    a burst of connects holds little memory while it waits for the database."""
+    head = await state.reads.head(session_id)
+    if head is None or head.organization_id != organization_id:
+        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
 
 
 def _sequence(text: str, name: str) -> int:
@@ -59,15 +69,11 @@ async def open_upstream(
         if event_cursor is not None
         else None
     )
-    async with state.database.read() as db:
-        await events_service.require_session(
-            db, organization_id=organization_id, session_id=session_id
-        )
-        cursor = (
-            after_sequence
-            if event_uuid is None
-            else await events_service.cursor_after_event(db, session_id, event_uuid)
-        )
+    await _require_session(state, organization_id, session_id)
+    cursor = after_sequence
+    if event_uuid is not None:
+        async with state.database.read() as db:
+            cursor = await events_service.cursor_after_event(db, session_id, event_uuid)
 
     def accept(event_type: str) -> bool:
         return (
@@ -104,10 +110,7 @@ async def open_mutations(
         cursor = _sequence(after, "after") if after else None
     else:
         cursor = header
-    async with state.database.read() as db:
-        await events_service.require_session(
-            db, organization_id=organization_id, session_id=session_id
-        )
+    await _require_session(state, organization_id, session_id)
     slot = state.limits.acquire(session_id)
     return EventStreamResponse(
         message_mutations(

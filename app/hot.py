@@ -1,14 +1,16 @@
-"""The hot routes served below FastAPI's routing and dependency machinery (under
-`/v1` and `/api/v1`): `GET /sessions/{id}/messages`, `GET .../messages/{id}`, and the
-two streams, `GET .../sse` and `GET .../messages/stream`, whose long-lived connections
-then hold no per-request framework state.
+"""The hot routes, served in front of FastAPI's middleware, routing and dependency
+machinery (under `/v1` and `/api/v1`): `GET /sessions/{id}/messages`,
+`GET .../messages/{id}`, and the two streams, `GET .../sse` and
+`GET .../messages/stream`, whose long-lived connections then hold no per-request
+framework state.
 
 A request is served here only when everything about it is plain: a well-formed id, a
 query of known parameters in canonical form, a caller whose organization is already
-known (open mode or a cached key). Anything else, and any session this process cannot
-find, goes on to the FastAPI routes, which answer it (errors included) exactly as the
-OpenAPI contract says. Both paths run the same service functions, so they answer the
-same bytes; the only difference is the per-request work this path skips.
+known (open mode or a cached key), no CORS to apply. Anything else, and any session
+this process cannot find, goes on to FastAPI, which answers it (errors included)
+exactly as the OpenAPI contract says. Both paths run the same service functions, so
+they answer the same bytes; what this path does itself is what the middleware would:
+an `X-Request-Id`, the rate limit, and problem+json for a failure.
 """
 
 import re
@@ -16,9 +18,10 @@ import uuid
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
-from app.errors import AppError, NotFound
+from app.errors import AppError, NotFound, failure_response, next_request_id
+from app.guards import RateLimiter
 from app.live import service as live_service
 from app.live.response import EventStreamResponse
 from app.messages import service
@@ -60,21 +63,62 @@ def _query(raw: bytes, default_limit: int, max_limit: int) -> service.PageQuery 
     return service.PageQuery(limit, before, internal)
 
 
-class HotReads:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+class Hot:
+    """One request on the hot path: its id, and whether its answer has started."""
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["method"] == "GET"
-            and await self._serve(scope, receive, send)
-        ):
-            return
-        await self.app(scope, receive, send)
+    __slots__ = ("id", "id_header", "started")
 
-    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> bool:
-        """Answer the request if it is a plain hot request; False to pass it on."""
+    def __init__(self, request_id: str) -> None:
+        self.id = request_id
+        self.id_header = (b"x-request-id", request_id.encode())
+        self.started = False
+
+    async def send(
+        self, send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> None:
+        headers.append(self.id_header)
+        if status != 304:
+            headers.append((b"content-length", str(len(body)).encode()))
+        self.started = True
+        await send(
+            {"type": "http.response.start", "status": status, "headers": headers}
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class HotRoutes:
+    def __init__(self, limiter: RateLimiter | None, cors: bool) -> None:
+        self.limiter = limiter
+        self.cors = cors
+        # Set once the application has started (its lifespan builds the state).
+        self.state: AppState | None = None
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answer an HTTP request if it is a plain hot request; False to pass it on
+        (before anything was sent)."""
+        if self.state is None or scope["method"] != "GET":
+            return False
+        if self.cors and any(name == b"origin" for name, _ in scope["headers"]):
+            return False
+        request = Hot(next_request_id())
+        try:
+            return await self._serve(self.state, request, scope, receive, send)
+        except Exception as exc:
+            if request.started:
+                raise
+            response = failure_response(request.id, scope, exc)
+            response.raw_headers.append(request.id_header)
+            await response(scope, receive, send)
+            return True
+
+    async def _serve(
+        self,
+        state: "AppState",
+        request: "Hot",
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> bool:
         parts = scope["path"].split("/")
         if len(parts) > 1 and parts[1] == "api":
             del parts[1]
@@ -88,7 +132,6 @@ class HotReads:
             or not SESSION_ID.match(parts[3])
         ):
             return False
-        state: AppState = scope["app"].state.app
         authorization = if_none_match = last_event_id = None
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -100,6 +143,13 @@ class HotReads:
         org = state.keys.cached_organization(authorization)
         if org is None:
             return False
+        if self.limiter is not None:
+            refusal = self.limiter.refusal(scope)
+            if refusal is not None:
+                refusal.raw_headers.append(request.id_header)
+                request.started = True
+                await refusal(scope, receive, send)
+                return True
         session_id = uuid.UUID(hex=parts[3][8:])
         if parts[4] == "sse" or parts[-1] == "stream":
             if len(parts) == 5 and parts[4] == "sse":
@@ -114,6 +164,10 @@ class HotReads:
                 return False
             if opened is None:
                 return False
+            opened.raw_headers.append(request.id_header)
+            request.started = True
+            # This frame lives as long as the stream: hold nothing in it.
+            del parts, authorization, if_none_match, last_event_id
             await opened(scope, receive, send)
             return True
         if len(parts) == 6:
@@ -129,7 +183,7 @@ class HotReads:
                 )
             except NotFound:
                 return False
-            await _send(send, 200, [JSON_HEADER], body)
+            await request.send(send, 200, [JSON_HEADER], body)
             return True
         settings = state.settings
         query = _query(
@@ -152,9 +206,9 @@ class HotReads:
             return False
         etag_header = (b"etag", etag.encode())
         if page is None:
-            await _send(send, 304, [etag_header], b"")
+            await request.send(send, 304, [etag_header], b"")
         else:
-            await _send(send, 200, [etag_header, JSON_HEADER], page)
+            await request.send(send, 200, [etag_header, JSON_HEADER], page)
         return True
 
 
@@ -230,12 +284,3 @@ async def _open_mutations(
         )
     except AppError:
         return None
-
-
-async def _send(
-    send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
-) -> None:
-    if status != 304:
-        headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
