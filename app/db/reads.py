@@ -9,10 +9,9 @@ databases but for placeholders and typed NULLs; it lives here, beside the two dr
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import aiosqlite
 import asyncpg
@@ -82,29 +81,37 @@ def _upto(before_sequence: int | None) -> int:
     return MAX_INT32 if before_sequence is None else before_sequence - 1
 
 
-def _split_page(records: Sequence[Sequence[Any]], parse: Any) -> PageRows | None:
-    head: SessionHead | None = None
-    rows: list[tuple[int, bytes]] = []
-    for record in records:
-        if record[4] is None:
-            head = SessionHead(parse(record[0]), record[1], record[2], record[3])
-        else:
-            rows.append((record[4], record[5]))
-    if head is None:
-        return None
-    # UNION ALL keeps no order of its own.
-    rows.sort(reverse=True)
-    return PageRows(head, rows)
+def _head(record: Sequence[Any], parse: Callable[[Any], uuid.UUID]) -> SessionHead:
+    return SessionHead(parse(record[0]), record[1], record[2], record[3])
 
 
 class Reads:
-    """The interface both drivers implement."""
+    """The three reads, written once. Each driver supplies its placeholders and typed
+    NULLs, how a statement is fetched, and how UUIDs are bound and read back."""
+
+    placeholders: ClassVar[tuple[str, str, str]]
+    nulls: ClassVar[dict[str, str]]
+
+    def __init__(self) -> None:
+        p = self.placeholders
+        self._pages = {flag: _page_sql(flag, p, self.nulls) for flag in (False, True)}
+        self._message = _message_sql(p)
+        self._head = _head_sql(p)
 
     async def start(self) -> None:
         return None
 
     async def close(self) -> None:
         return None
+
+    async def _fetch(self, sql: str, *args: Any) -> Sequence[Sequence[Any]]:
+        raise NotImplementedError
+
+    def _bind(self, value: uuid.UUID) -> Any:
+        return value
+
+    def _uuid(self, value: Any) -> uuid.UUID:
+        return value  # type: ignore[no-any-return]  # the driver decodes uuid columns
 
     async def page(
         self,
@@ -116,19 +123,39 @@ class Reads:
     ) -> PageRows | None:
         """The session head and up to `limit` messages below `before_sequence`, newest
         first; None when the session does not exist."""
-        raise NotImplementedError
+        records = await self._fetch(
+            self._pages[include_internal],
+            self._bind(session_id),
+            _upto(before_sequence),
+            limit,
+        )
+        head: SessionHead | None = None
+        rows: list[tuple[int, bytes]] = []
+        for record in records:
+            if record[4] is None:
+                head = _head(record, self._uuid)
+            else:
+                rows.append((record[4], record[5]))
+        if head is None:
+            return None
+        # UNION ALL keeps no order of its own.
+        rows.sort(reverse=True)
+        return PageRows(head, rows)
 
     async def message(
         self, session_id: uuid.UUID, message_id: uuid.UUID
     ) -> MessageRow | None:
-        raise NotImplementedError
+        records = await self._fetch(
+            self._message, self._bind(session_id), self._bind(message_id)
+        )
+        if not records:
+            return None
+        return MessageRow(_head(records[0], self._uuid), records[0][4])
 
     async def head(self, session_id: uuid.UUID) -> SessionHead | None:
         """The session row's owner and counters; None when it does not exist."""
-        raise NotImplementedError
-
-
-PG_NULLS = {"int": "NULL::integer", "text": "NULL::text", "uuid": "NULL::uuid"}
+        records = await self._fetch(self._head, self._bind(session_id))
+        return _head(records[0], self._uuid) if records else None
 
 
 async def _noop_reset(_conn: asyncpg.Connection) -> None:
@@ -149,7 +176,15 @@ async def _text_as_bytes(conn: asyncpg.Connection) -> None:
 
 
 class PgReads(Reads):
+    placeholders: ClassVar[tuple[str, str, str]] = ("$1", "$2", "$3")
+    nulls: ClassVar[dict[str, str]] = {
+        "int": "NULL::integer",
+        "text": "NULL::text",
+        "uuid": "NULL::uuid",
+    }
+
     def __init__(self, settings: Settings) -> None:
+        super().__init__()
         self._dsn = (
             make_url(settings.database_url)
             .set(drivername="postgresql")
@@ -157,12 +192,6 @@ class PgReads(Reads):
         )
         self._settings = settings
         self._pool: asyncpg.Pool | None = None
-        self._pages = {
-            flag: _page_sql(flag, ("$1", "$2", "$3"), PG_NULLS)
-            for flag in (False, True)
-        }
-        self._message = _message_sql(("$1", "$2"))
-        self._head = _head_sql(("$1",))
 
     async def start(self) -> None:
         self._pool = await asyncpg.create_pool(
@@ -181,65 +210,28 @@ class PgReads(Reads):
         if self._pool is not None:
             await self._pool.close()
 
-    async def _fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+    async def _fetch(self, sql: str, *args: Any) -> Sequence[Sequence[Any]]:
         assert self._pool is not None
         async with self._pool.acquire() as conn:
             records: list[asyncpg.Record] = await conn.fetch(sql, *args)
         return records
-
-    async def page(
-        self,
-        session_id: uuid.UUID,
-        *,
-        limit: int,
-        before_sequence: int | None,
-        include_internal: bool,
-    ) -> PageRows | None:
-        records = await self._fetch(
-            self._pages[include_internal],
-            session_id,
-            _upto(before_sequence),
-            limit,
-        )
-        return _split_page(records, lambda value: value)
-
-    async def message(
-        self, session_id: uuid.UUID, message_id: uuid.UUID
-    ) -> MessageRow | None:
-        records = await self._fetch(self._message, session_id, message_id)
-        if not records:
-            return None
-        r = records[0]
-        return MessageRow(SessionHead(r[0], r[1], r[2], r[3]), r[4])
-
-    async def head(self, session_id: uuid.UUID) -> SessionHead | None:
-        records = await self._fetch(self._head, session_id)
-        if not records:
-            return None
-        r = records[0]
-        return SessionHead(r[0], r[1], r[2], r[3])
-
-
-SQLITE_NULLS = {"int": "NULL", "text": "NULL", "uuid": "NULL"}
 
 
 class SqliteReads(Reads):
     """Read-only connections to the database file (WAL: readers never wait for the
     writer). SQLite stores UUIDs as 32 hex characters."""
 
+    placeholders: ClassVar[tuple[str, str, str]] = ("?1", "?2", "?3")
+    nulls: ClassVar[dict[str, str]] = {"int": "NULL", "text": "NULL", "uuid": "NULL"}
+
     def __init__(self, settings: Settings, size: int = 4) -> None:
+        super().__init__()
         database = make_url(settings.database_url).database
         self._path = database or ":memory:"
         self._busy_timeout_ms = settings.sqlite_busy_timeout_ms
         self._size = size
         self._idle: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
         self._all: list[aiosqlite.Connection] = []
-        self._pages = {
-            flag: _page_sql(flag, ("?1", "?2", "?3"), SQLITE_NULLS)
-            for flag in (False, True)
-        }
-        self._message = _message_sql(("?1", "?2"))
-        self._head = _head_sql(("?1",))
 
     async def start(self) -> None:
         for _ in range(self._size):
@@ -256,54 +248,18 @@ class SqliteReads(Reads):
             await conn.close()
         self._all.clear()
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[aiosqlite.Connection]:
+    async def _fetch(self, sql: str, *args: Any) -> Sequence[Sequence[Any]]:
         conn = await self._idle.get()
         try:
-            yield conn
+            return list(await conn.execute_fetchall(sql, args))
         finally:
             self._idle.put_nowait(conn)
 
-    async def page(
-        self,
-        session_id: uuid.UUID,
-        *,
-        limit: int,
-        before_sequence: int | None,
-        include_internal: bool,
-    ) -> PageRows | None:
-        async with self._connection() as conn:
-            records = await conn.execute_fetchall(
-                self._pages[include_internal],
-                (session_id.hex, _upto(before_sequence), limit),
-            )
-        return _split_page(list(records), _sqlite_uuid)
+    def _bind(self, value: uuid.UUID) -> Any:
+        return value.hex
 
-    async def message(
-        self, session_id: uuid.UUID, message_id: uuid.UUID
-    ) -> MessageRow | None:
-        async with self._connection() as conn:
-            records = list(
-                await conn.execute_fetchall(
-                    self._message, (session_id.hex, message_id.hex)
-                )
-            )
-        if not records:
-            return None
-        r = records[0]
-        return MessageRow(SessionHead(_sqlite_uuid(r[0]), r[1], r[2], r[3]), r[4])
-
-    async def head(self, session_id: uuid.UUID) -> SessionHead | None:
-        async with self._connection() as conn:
-            records = list(await conn.execute_fetchall(self._head, (session_id.hex,)))
-        if not records:
-            return None
-        r = records[0]
-        return SessionHead(_sqlite_uuid(r[0]), r[1], r[2], r[3])
-
-
-def _sqlite_uuid(value: bytes | str) -> uuid.UUID:
-    return uuid.UUID(hex=value.decode() if isinstance(value, bytes) else value)
+    def _uuid(self, value: Any) -> uuid.UUID:
+        return uuid.UUID(hex=value.decode() if isinstance(value, bytes) else value)
 
 
 def create_reads(settings: Settings) -> Reads:
