@@ -157,6 +157,7 @@ async def run_database(
         lines = await run_rows(db, rows)
         if args.keep_logs:
             db.notes.append(f"logs kept in {tmp / 'logs'}")
+        db.details["row_seconds"] = db.timings
         return lines, db.details, db.notes
     finally:
         if db is not None:
@@ -200,7 +201,10 @@ async def run(args: argparse.Namespace) -> int:
         out()
         for note in notes:
             out(f"- {note}")
-        out(f"- {name} took {elapsed:.0f} s")
+        timings = ", ".join(
+            f"{row} {t:.0f} s" for row, t in details.get("row_seconds", {}).items()
+        )
+        out(f"- {name} took {elapsed:.0f} s" + (f" ({timings})" if timings else ""))
         any_failed = any_failed or any(line.failed for line in lines)
         document["databases"][name] = {
             "seconds": round(elapsed, 1),

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import httpx
@@ -90,7 +90,7 @@ class Profile:
         idle_streams: int | None,
     ) -> "Profile":
         if smoke:
-            base = cls(True, 1, 1.0, 0.0, 0.5, 2.0, 100, 500, 32, 64, 50, 30, 50)
+            base = cls(True, 1, 1.0, 0.0, 0.5, 2.0, 60, 500, 32, 64, 50, 30, 50)
         else:
             base = cls(
                 False, 3, 10.0, 2.0, 2.0, 5.0, 1000, 500, 32, 64, 1000, 500, 1000
@@ -124,6 +124,22 @@ class Line:
     unit: str = ""
     note: str = ""
     failed: bool = False
+    # False for figures the service has alone (the writers' POST rate and latency).
+    compared: bool = True
+
+    def check(self) -> None:
+        """A line without its figures failed, whatever the row function said."""
+        if self.note or self.failed:
+            return
+        missing = [
+            name
+            for name, value in (("service", self.service), ("baseline", self.baseline))
+            if (name == "service" or self.compared)
+            and (value is None or math.isnan(value))
+        ]
+        if missing:
+            self.failed = True
+            self.note = f"FAILED: no {' or '.join(missing)} figure"
 
     def as_dict(self) -> dict[str, Any]:
         def clean(value: float | None) -> float | None:
@@ -184,6 +200,7 @@ class Database:
     procs: list[Proc] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
     page_session: str | None = None
     page_body: bytes = b""
     page_etag: str = ""
@@ -400,8 +417,10 @@ async def row_older(db: Database, server: Proc) -> list[Line]:
         "--cursor",
         str(page["cursor"]),
     )
-    join = await db.baseline("asyncpg-join", "pg_page", "--mode", "join", *common)
-    naive = await db.baseline("pydantic", "pg_page", "--mode", "pydantic", *common)
+    join, naive = await asyncio.gather(
+        db.baseline("asyncpg-join", "pg_page", "--mode", "join", *common),
+        db.baseline("pydantic", "pg_page", "--mode", "pydantic", *common),
+    )
     async with httpx.AsyncClient(headers=db.auth, timeout=10) as client:
         joined = await client.get(join.url + path)
         naive_page = await client.get(naive.url + path)
@@ -535,6 +554,8 @@ async def baseline_writes(db: Database) -> dict[str, float]:
             *target,
             "--duration",
             str(profile.duration),
+            "--warmup",
+            str(min(profile.warmup, 0.5)),
         ],
         cwd=BENCH_ROOT,
         env=python_env(BENCH_ROOT),
@@ -627,8 +648,20 @@ async def row_writes(db: Database, server: Proc) -> list[Line]:
         )
     return [
         Line("writes", label, checkpoints, raw, r, goal, met, "/s"),
-        Line("writes", f"POST req/s, {profile.writers} writers", posts, unit="req/s"),
-        Line("writes", f"POST p99 ms, {profile.writers} writers", p99, unit="ms"),
+        Line(
+            "writes",
+            f"POST req/s, {profile.writers} writers",
+            posts,
+            unit="req/s",
+            compared=False,
+        ),
+        Line(
+            "writes",
+            f"POST p99 ms, {profile.writers} writers",
+            p99,
+            unit="ms",
+            compared=False,
+        ),
     ]
 
 
@@ -854,42 +887,51 @@ async def idle_rss(db: Database, proc: Proc, path: str) -> float:
     return (after - before) / connected
 
 
-async def fresh_idle_rss(db: Database, target: str) -> float:
-    """Each measurement in a process of its own: memory a process freed after earlier
-    streams is reused by the next ones and would hide their cost."""
+IDLE_TARGETS = ("service", "raw", "sse-starlette")
+
+
+async def idle_process(db: Database, target: str) -> tuple[Proc, str]:
+    """A process of its own and the stream path to open on it."""
     if target == "service":
         proc = await start_service(db.config, "service-idle", db.pinning.server, {})
-    else:
-        module = "fanout_raw" if target == "raw" else "fanout_sse_starlette"
-        proc = await start_baseline(
-            f"idle-{target}",
-            f"bench.baselines.{module}",
-            [],
-            db.pinning.server,
-            db.tmp / "logs",
-        )
-    try:
-        path = "/stream"
-        if target == "service":
-            api = db.api(proc)
-            try:
-                path = stream_path(await api.create_session("idle"), "mutation")
-            finally:
-                await api.close()
-        return await idle_rss(db, proc, path)
-    finally:
-        await proc.stop()
+        api = db.api(proc)
+        try:
+            return proc, stream_path(await api.create_session("idle"), "mutation")
+        finally:
+            await api.close()
+    module = "fanout_raw" if target == "raw" else "fanout_sse_starlette"
+    proc = await start_baseline(
+        f"idle-{target}",
+        f"bench.baselines.{module}",
+        [],
+        db.pinning.server,
+        db.tmp / "logs",
+    )
+    return proc, "/stream"
 
 
 async def row_idle_rss(db: Database) -> list[Line]:
-    results = await side_by_side(
-        {
-            "service": lambda: fresh_idle_rss(db, "service"),
-            "raw": lambda: fresh_idle_rss(db, "raw"),
-            "sse-starlette": lambda: fresh_idle_rss(db, "sse-starlette"),
-        },
-        db.profile.runs,
-    )
+    """Every run measures fresh processes (started together, measured one at a time):
+    memory a process freed after earlier streams is reused by later ones and would
+    hide their cost."""
+    results: dict[str, list[float]] = {target: [] for target in IDLE_TARGETS}
+    for run in range(db.profile.runs):
+        started = await asyncio.gather(
+            *(idle_process(db, t) for t in IDLE_TARGETS), return_exceptions=True
+        )
+        try:
+            for item in started:
+                if isinstance(item, BaseException):
+                    raise item
+            processes = dict(zip(IDLE_TARGETS, started, strict=True))
+            shift = run % len(IDLE_TARGETS)
+            for target in IDLE_TARGETS[shift:] + IDLE_TARGETS[:shift]:
+                proc, path = cast(tuple[Proc, str], processes[target])
+                results[target].append(await idle_rss(db, proc, path))
+        finally:
+            for item in started:
+                if not isinstance(item, BaseException):
+                    await item[0].stop()
     db.details["idle-rss"] = {**results, "streams": db.profile.idle_streams}
     service, raw, lib = (
         median(results["service"]),
@@ -988,13 +1030,18 @@ def failed(row: str, error: BaseException) -> Line:
 
 
 async def guarded(
-    row: str, lines: list[Line], run: Callable[[], Awaitable[list[Line]]]
+    db: Database,
+    row: str,
+    lines: list[Line],
+    run: Callable[[], Awaitable[list[Line]]],
 ) -> None:
+    started = time.monotonic()
     try:
         lines.extend(await run())
     except Exception as exc:
         # A row fails alone; its line says why and the other rows still run.
         lines.append(failed(row, exc))
+    db.timings[row] = round(time.monotonic() - started, 1)
 
 
 async def run_rows(db: Database, selected: list[str]) -> list[Line]:
@@ -1031,22 +1078,21 @@ async def run_rows(db: Database, selected: list[str]) -> list[Line]:
                 "writes": lambda: row_writes(db, server),
             }
             for row in fast_rows:
-                await guarded(row, lines, handlers[row])
+                await guarded(db, row, lines, handlers[row])
         await db.stop_all()
 
     if stream_rows:
         try:
-            server = await db.service(
-                "service-stream",
-                db.pinning.server,
-                SCRIPTED_DELAY_MS=str(DELTA_INTERVAL_MS),
-            )
-            baselines = {
-                "raw": await db.baseline("fanout-raw", "fanout_raw"),
-                "sse-starlette": await db.baseline(
-                    "fanout-sse-starlette", "fanout_sse_starlette"
+            server, raw, lib = await asyncio.gather(
+                db.service(
+                    "service-stream",
+                    db.pinning.server,
+                    SCRIPTED_DELAY_MS=str(DELTA_INTERVAL_MS),
                 ),
-            }
+                db.baseline("fanout-raw", "fanout_raw"),
+                db.baseline("fanout-sse-starlette", "fanout_sse_starlette"),
+            )
+            baselines = {"raw": raw, "sse-starlette": lib}
         except Exception as exc:
             lines.extend(failed(row, exc) for row in stream_rows)
         else:
@@ -1057,15 +1103,17 @@ async def run_rows(db: Database, selected: list[str]) -> list[Line]:
                 "fanout-sse": lambda: row_fanout(db, server, "sse", baselines),
             }
             for row in stream_rows:
-                await guarded(row, lines, stream_handlers[row])
+                await guarded(db, row, lines, stream_handlers[row])
         await db.stop_all()
 
     if "idle-rss" in selected:
-        await guarded("idle-rss", lines, lambda: row_idle_rss(db))
+        await guarded(db, "idle-rss", lines, lambda: row_idle_rss(db))
 
     if workers:
-        await guarded("workers", lines, lambda: row_workers(db))
+        await guarded(db, "workers", lines, lambda: row_workers(db))
         await db.stop_all()
+    for line in lines:
+        line.check()
     order = {name: index for index, name in enumerate(ROWS)}
     lines.sort(key=lambda line: order.get(line.row, len(order)))
     return lines
