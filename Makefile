@@ -40,7 +40,7 @@ migrate: $(STAMP) ## apply migrations to DATABASE_URL
 openapi: $(STAMP) ## regenerate openapi/openapi.json
 	$(BIN)/python -m app openapi --output openapi/openapi.json
 
-bench: $(STAMP) ## the performance benchmark, both databases (~25 min; docs/performance.md)
+bench: $(STAMP) ## the performance benchmark, both databases (~30 min; docs/performance.md)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 bench-smoke: $(STAMP) ## every benchmark row once at tiny sizes (~1 min)
