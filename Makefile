@@ -4,10 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install run test lint typecheck fmt migrate openapi check clean
+.PHONY: help install run test lint typecheck fmt migrate openapi bench bench-smoke check clean
 
 help: ## list targets
-	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,12 +24,12 @@ test: $(STAMP) ## run the suite (SQLite; PostgreSQL too when TEST_DATABASE_URL i
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff
-	$(BIN)/ruff check app tests scripts
-	$(BIN)/ruff format --check app tests scripts
+	$(BIN)/ruff check app tests scripts bench
+	$(BIN)/ruff format --check app tests scripts bench
 
 fmt: $(STAMP) ## format and fix
-	$(BIN)/ruff format app tests scripts
-	$(BIN)/ruff check --fix app tests scripts
+	$(BIN)/ruff format app tests scripts bench
+	$(BIN)/ruff check --fix app tests scripts bench
 
 typecheck: $(STAMP) ## mypy --strict on app/
 	$(BIN)/mypy
@@ -39,6 +39,12 @@ migrate: $(STAMP) ## apply migrations to DATABASE_URL
 
 openapi: $(STAMP) ## regenerate openapi/openapi.json
 	$(BIN)/python -m app openapi --output openapi/openapi.json
+
+bench: $(STAMP) ## the performance benchmark, both databases (~30 min; docs/performance.md)
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+bench-smoke: $(STAMP) ## every benchmark row once at tiny sizes (~1 min)
+	$(BIN)/python -m bench --smoke $(BENCH_ARGS)
 
 check: lint typecheck test ## everything CI runs
 

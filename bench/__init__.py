@@ -1,0 +1,1 @@
+"""The performance benchmark: `python -m bench` (see docs/performance.md)."""

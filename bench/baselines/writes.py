@@ -1,0 +1,142 @@
+"""Raw write transactions, the ceiling for durable checkpoints: each loop is
+`BEGIN; UPDATE a counter row SET n = n + 1 ... RETURNING; INSERT a ~500-byte row;
+COMMIT`, the shape of a checkpoint (sequence allocated under a row lock, one row
+written) without anything else. Each connection has its own counter row, as each
+session has its own row lock.
+
+    python -m bench.baselines.writes --dsn postgresql://... --connections 8 --duration 10
+    python -m bench.baselines.writes --sqlite PATH --duration 10   (one writer: SQLite's)
+
+Prints one JSON object: transactions, seconds, tx_per_s.
+"""
+
+import argparse
+import asyncio
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+import asyncpg
+import orjson
+
+BODY = "x" * 500
+SETUP = (
+    "DROP TABLE IF EXISTS bench_rows",
+    "DROP TABLE IF EXISTS bench_counter",
+    "CREATE TABLE bench_counter (id integer PRIMARY KEY, n bigint NOT NULL)",
+    "CREATE TABLE bench_rows (id bigserial PRIMARY KEY, counter_id integer NOT NULL,"
+    " n bigint NOT NULL, body text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())",
+)
+
+
+async def postgres(
+    dsn: str, connections: int, duration: float, warmup: float
+) -> dict[str, float]:
+    admin = await asyncio.wait_for(asyncpg.connect(dsn), 15)
+    try:
+        for statement in SETUP:
+            await admin.execute(statement)
+        await admin.executemany(
+            "INSERT INTO bench_counter (id, n) VALUES ($1, 0)",
+            [(i,) for i in range(connections)],
+        )
+    finally:
+        await admin.close()
+    conns = [
+        await asyncio.wait_for(asyncpg.connect(dsn), 15) for _ in range(connections)
+    ]
+    counts = [0] * connections
+    start = time.monotonic() + warmup
+    stop = start + duration
+
+    async def loop(index: int, conn: asyncpg.Connection) -> None:
+        while True:
+            now = time.monotonic()
+            if now >= stop:
+                return
+            async with conn.transaction():
+                n = await conn.fetchval(
+                    "UPDATE bench_counter SET n = n + 1 WHERE id = $1 RETURNING n",
+                    index,
+                )
+                await conn.execute(
+                    "INSERT INTO bench_rows (counter_id, n, body) VALUES ($1, $2, $3)",
+                    index,
+                    n,
+                    BODY,
+                )
+            if now >= start:
+                counts[index] += 1
+
+    try:
+        await asyncio.wait_for(
+            asyncio.gather(*(loop(i, c) for i, c in enumerate(conns))),
+            warmup + duration + 30,
+        )
+    finally:
+        for conn in conns:
+            await conn.close()
+    total = sum(counts)
+    return {"transactions": total, "seconds": duration, "tx_per_s": total / duration}
+
+
+def sqlite(path: Path, duration: float, warmup: float) -> dict[str, float]:
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+    # The service's pragmas (app/db/engine.py).
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA busy_timeout=30000")
+    conn.execute("DROP TABLE IF EXISTS bench_rows")
+    conn.execute("DROP TABLE IF EXISTS bench_counter")
+    conn.execute(
+        "CREATE TABLE bench_counter (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)"
+    )
+    conn.execute(
+        "CREATE TABLE bench_rows (id INTEGER PRIMARY KEY, counter_id INTEGER NOT NULL,"
+        " n INTEGER NOT NULL, body TEXT NOT NULL, created_at TEXT NOT NULL)"
+    )
+    conn.execute("INSERT INTO bench_counter (id, n) VALUES (0, 0)")
+    count = 0
+    start = time.monotonic() + warmup
+    stop = start + duration
+    while True:
+        now = time.monotonic()
+        if now >= stop:
+            break
+        conn.execute("BEGIN IMMEDIATE")
+        n = conn.execute(
+            "UPDATE bench_counter SET n = n + 1 WHERE id = 0 RETURNING n"
+        ).fetchone()[0]
+        conn.execute(
+            "INSERT INTO bench_rows (counter_id, n, body, created_at)"
+            " VALUES (0, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ','now'))",
+            (n, BODY),
+        )
+        conn.execute("COMMIT")
+        if now >= start:
+            count += 1
+    conn.close()
+    return {"transactions": count, "seconds": duration, "tx_per_s": count / duration}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--dsn")
+    target.add_argument("--sqlite", type=Path)
+    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=0.5)
+    args = parser.parse_args()
+    if args.dsn:
+        result = asyncio.run(
+            postgres(args.dsn, args.connections, args.duration, args.warmup)
+        )
+    else:
+        result = sqlite(args.sqlite, args.duration, args.warmup)
+    sys.stdout.write(orjson.dumps(result).decode() + "\n")
+
+
+if __name__ == "__main__":
+    main()
