@@ -71,6 +71,8 @@ class DeltaOut:
     delta: TextDelta
     sse_frame: bytes
     mutation_frame: bytes
+    # Where the delta's text ends in its part.
+    end: int
 
 
 class Marker:
@@ -276,6 +278,7 @@ class Fanout:
             delta,
             frames.delta_event(delta, known_part["text"], self.retry_ms),
             frames.delta_mutation(delta, delta.offset, delta.text),
+            delta.offset + len(delta.text),
         )
 
     def live_parts(

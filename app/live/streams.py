@@ -90,7 +90,11 @@ async def upstream_events(
                 if sub.overflowed:
                     yield frames.disconnecting("error", config.retry_ms)
                 return
-            if isinstance(item, EventOut):
+            # Deltas first: nearly every item of a streaming turn is one.
+            if type(item) is DeltaOut:
+                if accept(item.delta.event_type):
+                    yield item.sse_frame
+            elif isinstance(item, EventOut):
                 if item.sequence <= position.sequence:
                     continue
                 if item.sequence > position.sequence + 1:
@@ -106,9 +110,6 @@ async def upstream_events(
                 position.sequence = item.sequence
                 if accept(item.type):
                     yield item.frame
-            elif isinstance(item, DeltaOut):
-                if accept(item.delta.event_type):
-                    yield item.sse_frame
             elif item is HEARTBEAT:
                 if config.keepalive is not None:
                     yield config.keepalive
@@ -198,7 +199,20 @@ async def message_mutations(
                 if sub.overflowed:
                     yield frames.reset("slow_consumer")
                 return
-            if isinstance(item, EventOut):
+            # Deltas first: nearly every item of a streaming turn is one.
+            if type(item) is DeltaOut:
+                delta = item.delta
+                known = sent.get(delta.part_id)
+                if known is None or item.end <= known:
+                    continue
+                sent[delta.part_id] = item.end
+                if delta.offset < known:
+                    yield frames.delta_mutation(
+                        delta, known, delta.text[known - delta.offset :]
+                    )
+                else:
+                    yield item.mutation_frame
+            elif isinstance(item, EventOut):
                 if item.sequence > cursor + 1:
                     async for chunk in _changed_messages(
                         database,
@@ -219,21 +233,6 @@ async def message_mutations(
             elif isinstance(item, PartOut):
                 sent[item.part_id] = item.text_length
                 yield item.frame
-            elif isinstance(item, DeltaOut):
-                delta = item.delta
-                known = sent.get(delta.part_id)
-                if known is None:
-                    continue
-                end = delta.offset + len(delta.text)
-                if end <= known:
-                    continue
-                sent[delta.part_id] = end
-                if delta.offset < known:
-                    yield frames.delta_mutation(
-                        delta, known, delta.text[known - delta.offset :]
-                    )
-                else:
-                    yield item.mutation_frame
             elif item is HEARTBEAT:
                 if config.keepalive is not None:
                     yield config.keepalive
