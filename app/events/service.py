@@ -11,8 +11,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import wire
 from app.db import models
 from app.db.types import utcnow
-from app.errors import InvalidRequest, SessionNotFound
+from app.errors import InvalidRequest
 from app.ids import format_id, uuid7
+from app.sessions.service import session_not_found
 
 
 @dataclass(frozen=True)
@@ -228,7 +229,7 @@ async def require_session(
         )
     )
     if found is None:
-        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
+        raise session_not_found(session_id)
 
 
 async def list_events(

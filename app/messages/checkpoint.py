@@ -2,7 +2,7 @@
 updates its snapshot, bumps its revision and appends the upstream events describing it.
 
 Functions here run inside the caller's write unit of work (they never commit) and expect
-the session row to be locked first with `lock_session`. Each records a wake-up in the
+the session row to be locked first with `sessions.service.lock_session`. Each records a wake-up in the
 unit of work's outbox, which is published to the bus only as the transaction commits.
 """
 
@@ -36,17 +36,6 @@ class Checkpoint:
 def note_wakeup(db: AsyncSession, session_id: uuid.UUID, sequence: int) -> None:
     assert isinstance(db, WriteSession), "checkpoints run in a write unit of work"
     db.outbox.wake(session_id, sequence)
-
-
-async def lock_session(
-    db: AsyncSession, session_id: uuid.UUID
-) -> models.Session | None:
-    """Take the session's row lock (PostgreSQL FOR UPDATE; SQLite writers already hold
-    the database write lock from BEGIN IMMEDIATE, and SQLAlchemy omits the clause)."""
-    session: models.Session | None = await db.scalar(
-        select(models.Session).where(models.Session.id == session_id).with_for_update()
-    )
-    return session
 
 
 async def get_message_for_update(

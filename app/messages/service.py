@@ -30,9 +30,9 @@ async def create_message(
     session (`started`) or joins the running one (`steered`)."""
     if data.message.role != "user":
         raise InvalidRequest("Only user messages can be created through this endpoint")
-    session = await checkpoint.lock_session(db, session_id)
-    if session is None or session.organization_id != organization_id:
-        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
+    session = await sessions_service.lock_owned_session(
+        db, organization_id=organization_id, session_id=session_id
+    )
     if data.client_message_id is not None:
         stored = await db.scalar(
             select(models.Message.snapshot).where(

@@ -40,6 +40,7 @@ from app.runner.drivers import (
     create_driver,
     run_tool,
 )
+from app.sessions import service as sessions_service
 from app.settings import Settings
 
 log = logging.getLogger("app.runner")
@@ -407,7 +408,7 @@ class TurnRunner:
                 self.live.pop(message_id, None)
 
     async def _lock(self, db: Any, session_id: uuid.UUID) -> models.Session:
-        session = await checkpoint.lock_session(db, session_id)
+        session = await sessions_service.lock_session(db, session_id)
         if session is None:
             raise TurnCancelled  # the session was deleted
         if session.cancel_requested_at is not None:
@@ -523,7 +524,7 @@ class TurnRunner:
         """Discard the unfinished step, close the message with an error part and end the
         turn, in one checkpoint."""
         async with self.database.write() as db:
-            session = await checkpoint.lock_session(db, session_id)
+            session = await sessions_service.lock_session(db, session_id)
             if session is None or session.active_turn_id != turn_id:
                 return
             if message_id is not None:
@@ -571,7 +572,7 @@ class TurnRunner:
 
     async def _recover_session(self, session_id: uuid.UUID) -> list[uuid.UUID]:
         async with self.database.write() as db:
-            session = await checkpoint.lock_session(db, session_id)
+            session = await sessions_service.lock_session(db, session_id)
             if session is None or session.active_turn_id is None:
                 return []
             turn_id = session.active_turn_id

@@ -14,7 +14,6 @@ from app.db.outbox import WriteSession
 from app.db.types import utcnow
 from app.errors import SessionNotFound
 from app.ids import format_id, uuid7
-from app.messages.checkpoint import lock_session, note_wakeup
 from app.sessions import schemas
 
 DEFAULT_HARNESS_ID = "harness_" + uuid.UUID(int=1).hex
@@ -94,6 +93,33 @@ async def create_session(
     return session
 
 
+def session_not_found(session_id: uuid.UUID) -> SessionNotFound:
+    """The 404 of a session that does not exist, was deleted, or belongs to another
+    organization (indistinguishable on purpose)."""
+    return SessionNotFound(f"Session {format_id('session', session_id)} not found")
+
+
+async def lock_session(
+    db: AsyncSession, session_id: uuid.UUID
+) -> models.Session | None:
+    """Take the session's row lock (PostgreSQL FOR UPDATE; SQLite writers already hold
+    the database write lock from BEGIN IMMEDIATE, and SQLAlchemy omits the clause)."""
+    session: models.Session | None = await db.scalar(
+        select(models.Session).where(models.Session.id == session_id).with_for_update()
+    )
+    return session
+
+
+async def lock_owned_session(
+    db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID
+) -> models.Session:
+    """Lock the session, or raise its 404 (also when it belongs to another organization)."""
+    session = await lock_session(db, session_id)
+    if session is None or session.organization_id != organization_id:
+        raise session_not_found(session_id)
+    return session
+
+
 async def find_session(
     db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID
 ) -> models.Session | None:
@@ -114,7 +140,7 @@ async def get_session(
         db, organization_id=organization_id, session_id=session_id
     )
     if session is None:
-        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
+        raise session_not_found(session_id)
     return session
 
 
@@ -200,17 +226,17 @@ async def delete_session(
 
 
 async def cancel_turn(
-    db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID
+    db: WriteSession, *, organization_id: uuid.UUID, session_id: uuid.UUID
 ) -> bool:
     """Ask the running turn to stop, wherever its runner lives: the request is durable
     (`cancel_requested_at`) and a wake-up reaches the runner through the bus. Returns
     False (no_op) when no turn runs. Idempotent."""
-    session = await lock_session(db, session_id)
-    if session is None or session.organization_id != organization_id:
-        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
+    session = await lock_owned_session(
+        db, organization_id=organization_id, session_id=session_id
+    )
     if session.active_turn_id is None:
         return False
     if session.cancel_requested_at is None:
         session.cancel_requested_at = utcnow()
-        note_wakeup(db, session.id, session.last_sequence)
+        db.outbox.wake(session.id, session.last_sequence)
     return True
