@@ -20,10 +20,10 @@ from typing import Any
 
 import asyncpg
 import orjson
-from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from app.db.outbox import Outbox, WriteSession
+from app.db.outbox import Outbox
+from app.db.writes import Write
 from app.ids import format_id, uuid7
 
 log = logging.getLogger("app.live.bus")
@@ -53,7 +53,7 @@ class Bus:
     async def stop(self) -> None:
         return None
 
-    async def before_commit(self, db: WriteSession) -> None:
+    async def before_commit(self, db: Write) -> None:
         """Called inside a write transaction, just before COMMIT."""
 
     def after_commit(self, outbox: Outbox) -> None:
@@ -171,16 +171,10 @@ class PgBus(Bus):
                 with contextlib.suppress(Exception):
                     await conn.close()
 
-    async def before_commit(self, db: WriteSession) -> None:
+    async def before_commit(self, db: Write) -> None:
         # NOTIFY is transactional: delivered at COMMIT, discarded on ROLLBACK.
         for session_id, sequence in db.outbox.wakeups.items():
-            await db.execute(
-                text("SELECT pg_notify(:channel, :payload)"),
-                {
-                    "channel": CHANNEL,
-                    "payload": orjson.dumps(wakeup_item(session_id, sequence)).decode(),
-                },
-            )
+            db.notify(CHANNEL, orjson.dumps(wakeup_item(session_id, sequence)).decode())
 
     async def publish(self, item: dict[str, Any]) -> None:
         if time.monotonic() < self._sender_retry_at:

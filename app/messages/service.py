@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import wire
 from app.db import models
-from app.db.outbox import WriteSession
+from app.db.writes import Write
 from app.errors import InvalidRequest, MessageNotFound, SessionNotFound
 from app.ids import format_id
 from app.messages import checkpoint, schemas
@@ -17,7 +17,7 @@ from app.sessions import service as sessions_service
 
 
 async def create_message(
-    db: WriteSession,
+    db: Write,
     *,
     organization_id: uuid.UUID,
     session_id: uuid.UUID,
@@ -34,12 +34,7 @@ async def create_message(
         db, organization_id=organization_id, session_id=session_id
     )
     if data.client_message_id is not None:
-        stored = await db.scalar(
-            select(models.Message.snapshot).where(
-                models.Message.session_id == session_id,
-                models.Message.client_message_id == data.client_message_id,
-            )
-        )
+        stored = await db.snapshot_by_client_id(session_id, data.client_message_id)
         if stored is not None:
             return wire.with_field(stored, "delivery", "duplicate")
     extra: dict[str, Any] = {}

@@ -24,6 +24,7 @@ from app.db import models
 from app.db.dialect import create_leases
 from app.db.session import Database
 from app.db.types import utcnow
+from app.db.writes import LockedSession, Write
 from app.events.service import EventSpec
 from app.ids import format_id, uuid7
 from app.live.bus import Bus
@@ -221,7 +222,7 @@ class TurnRunner:
         self, session_id: uuid.UUID, turn_id: uuid.UUID
     ) -> tuple[list[dict[str, Any]], int]:
         """The recent conversation for the model, and the newest user message sequence
-        of this turn it includes."""
+        it includes."""
         async with self.database.read() as db:
             rows = (
                 await db.execute(
@@ -236,26 +237,8 @@ class TurnRunner:
                     .limit(HISTORY_FOR_MODEL)
                 )
             ).all()
-        consumed = max(
-            (seq for _, role, turn, seq in rows if role == "user" and turn == turn_id),
-            default=0,
-        )
+        consumed = max((seq for _, role, _, seq in rows if role == "user"), default=0)
         return [wire.loads(snapshot) for snapshot, *_ in reversed(rows)], consumed
-
-    async def _unconsumed(
-        self, db: Any, session_id: uuid.UUID, turn_id: uuid.UUID, consumed: int
-    ) -> bool:
-        newer = await db.scalar(
-            select(models.Message.id)
-            .where(
-                models.Message.session_id == session_id,
-                models.Message.turn_id == turn_id,
-                models.Message.role == "user",
-                models.Message.sequence > consumed,
-            )
-            .limit(1)
-        )
-        return newer is not None
 
     async def _run_turn(self, session_id: uuid.UUID, turn_id: uuid.UUID) -> None:
         watch = self.fanout.watch(session_id)
@@ -292,9 +275,8 @@ class TurnRunner:
                 )
                 async with self.database.write() as db:
                     session = await self._lock(db, session_id)
-                    close = not tool_calls and not await self._unconsumed(
-                        db, session_id, turn_id, consumed
-                    )
+                    # Input that arrived during the step is answered by another step.
+                    close = not tool_calls and session.last_input_sequence <= consumed
                     message = await checkpoint.get_message_for_update(db, message_id)
                     committed = await checkpoint.commit_step(
                         db,
@@ -331,7 +313,7 @@ class TurnRunner:
                 if close:
                     async with self.database.write() as db:
                         session = await self._lock(db, session_id)
-                        if await self._unconsumed(db, session_id, turn_id, consumed):
+                        if session.last_input_sequence > consumed:
                             # A steering message arrived as the message closed: answer it
                             # in a new agent message of the same turn.
                             message_id = None
@@ -407,11 +389,11 @@ class TurnRunner:
             if message_id is not None:
                 self.live.pop(message_id, None)
 
-    async def _lock(self, db: Any, session_id: uuid.UUID) -> models.Session:
+    async def _lock(self, db: Write, session_id: uuid.UUID) -> LockedSession:
         session = await sessions_service.lock_session(db, session_id)
         if session is None:
             raise TurnCancelled  # the session was deleted
-        if session.cancel_requested_at is not None:
+        if session.cancel_requested:
             raise TurnCancelled
         return session
 
