@@ -5,7 +5,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+)
 
 from app.db.engine import create_engines
 from app.db.outbox import Outbox
@@ -64,6 +69,16 @@ class Database:
         inside stay readable after it."""
         async with self._read() as db:
             yield db
+
+    @asynccontextmanager
+    async def statements(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for single reads outside any transaction: each statement sees
+        what committed before it, and costs one round trip on PostgreSQL (no BEGIN or
+        ROLLBACK around it). For the runner's polling reads; on SQLite a reader
+        connection (a local file: transactions cost no round trip)."""
+        pg = self.writer.dialect.name == "postgresql"
+        async with (self.writer if pg else self.reader).connect() as conn:
+            yield conn
 
     async def dispose(self) -> None:
         await self.reader.dispose()

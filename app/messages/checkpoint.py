@@ -475,15 +475,24 @@ async def finish_turn(
     *,
     turn_id: uuid.UUID,
     outcome: EventSpec,
+    answer_next: MessageRow | None = None,
 ) -> Checkpoint:
-    """End the session's running turn with its outcome event, then `session.idled`."""
+    """End the session's running turn with its outcome event, then `session.idled`.
+    With `answer_next` (a user message the turn did not answer), a new turn for it
+    starts in the same checkpoint: `session.activated`, `turn.started`."""
     idled = EventSpec(
         "session.idled", {"turn_id": format_id("turn", turn_id)}, turn_id=turn_id
     )
+    specs = [outcome, idled]
     session.active_turn_id = None
     session.cancel_requested = False
     session.status = "idle"
-    return await _commit(db, session, utcnow(), None, [outcome, idled], finished=True)
+    if answer_next is not None:
+        next_turn = uuid7()
+        specs.extend(_turn_opening(next_turn, answer_next))
+        session.active_turn_id = next_turn
+        session.status = "active"
+    return await _commit(db, session, utcnow(), None, specs, finished=True)
 
 
 async def streaming_messages(db: Write, session_id: uuid.UUID) -> list[MessageRow]:
