@@ -13,12 +13,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import models
 from app.db.session import Database
 from app.db.types import utcnow
+from app.db.writes import Write
 from app.errors import Unauthorized
 from app.ids import DEFAULT_ORG_ID, uuid7
 
@@ -34,24 +35,25 @@ def generate_key() -> str:
 
 
 async def create_key(
-    db: AsyncSession, *, organization_id: uuid.UUID, name: str | None = None
+    db: Write, *, organization_id: uuid.UUID, name: str | None = None
 ) -> tuple[models.ApiKey, str]:
     key = generate_key()
-    row = models.ApiKey(
-        id=uuid7(),
-        organization_id=organization_id,
-        name=name,
-        key_hash=hash_key(key),
-        prefix=key[:12],
-        created_at=utcnow(),
-    )
-    db.add(row)
-    await db.flush()
-    return row, key
+    values = {
+        "id": uuid7(),
+        "organization_id": organization_id,
+        "name": name,
+        "key_hash": hash_key(key),
+        "prefix": key[:12],
+        "created_at": utcnow(),
+        "revoked_at": None,
+    }
+    conn = await db.core()
+    await conn.execute(insert(models.ApiKey).values(values))
+    return models.ApiKey(**values), key
 
 
 async def revoke_key(
-    db: AsyncSession, *, key_id: uuid.UUID | None = None, prefix: str | None = None
+    db: Write, *, key_id: uuid.UUID | None = None, prefix: str | None = None
 ) -> int:
     stmt = (
         update(models.ApiKey)
@@ -64,8 +66,9 @@ async def revoke_key(
         stmt = stmt.where(models.ApiKey.prefix == prefix)
     else:
         raise ValueError("revoke_key needs key_id or prefix")
-    result = await db.execute(stmt)
-    return int(result.rowcount)  # type: ignore[attr-defined]  # CursorResult of an UPDATE
+    conn = await db.core()
+    result = await conn.execute(stmt)
+    return int(result.rowcount)
 
 
 async def list_keys(db: AsyncSession) -> list[models.ApiKey]:

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Header, Path, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.outbox import WriteSession
+from app.db.writes import Write
 from app.ids import parse_or_400
 from app.state import AppState
 
@@ -31,7 +31,7 @@ async def current_org(
 OrgId = Annotated[uuid.UUID, Depends(current_org)]
 
 
-async def write_db(state: StateDep) -> AsyncIterator[WriteSession]:
+async def write_db(state: StateDep) -> AsyncIterator[Write]:
     async with state.database.write() as db:
         yield db
 
@@ -43,7 +43,7 @@ async def read_db(state: StateDep) -> AsyncIterator[AsyncSession]:
 
 # scope="function": the unit of work commits before the response is sent, so a failed
 # commit is an error response and no database session outlives the endpoint.
-WriteDb = Annotated[WriteSession, Depends(write_db, scope="function")]
+WriteDb = Annotated[Write, Depends(write_db, scope="function")]
 ReadDb = Annotated[AsyncSession, Depends(read_db, scope="function")]
 
 

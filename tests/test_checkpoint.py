@@ -57,7 +57,7 @@ async def locked(
     """A write unit of work holding the session's lock and the message, as the runner
     does for each checkpoint."""
     async with db_handle.write() as db:
-        session = await checkpoint.lock_session(db, session_id)
+        session = await sessions_service.lock_session(db, session_id)
         assert session is not None
         message = await checkpoint.get_message_for_update(db, message_id)
         yield db, session, message
@@ -70,7 +70,7 @@ async def test_agent_message_lifecycle_bumps_revision_and_appends_events(
     sid = await new_session(handle)
     turn = uuid.uuid4()
     async with handle.write() as db:
-        session = await checkpoint.lock_session(db, sid)
+        session = await sessions_service.lock_session(db, sid)
         assert session is not None
         opened = await checkpoint.open_agent_message(db, session, turn_id=turn)
         assert opened.message is not None
@@ -154,7 +154,7 @@ async def test_closed_message_refuses_further_checkpoints(running: Running) -> N
     handle = database(running)
     sid = await new_session(handle)
     async with handle.write() as db:
-        session = await checkpoint.lock_session(db, sid)
+        session = await sessions_service.lock_session(db, sid)
         assert session is not None
         opened = await checkpoint.open_agent_message(db, session, turn_id=uuid.uuid4())
         assert opened.message is not None
@@ -177,7 +177,7 @@ async def test_action_joins_streaming_message_or_stands_alone(running: Running) 
     turn = uuid.uuid4()
     changed = EventSpec("session.model.changed", {"model_id": "model_" + "1" * 32})
     async with handle.write() as db:
-        session = await checkpoint.lock_session(db, sid)
+        session = await sessions_service.lock_session(db, sid)
         assert session is not None
         standalone = await checkpoint.append_action(
             db, session, turn_id=turn, action="set_model", event=changed

@@ -375,6 +375,9 @@ async def test_text_limit_counts_characters_not_bytes(limited: Limited) -> None:
     response = await limited.client.post(url, json=text_body(wide))
     assert response.status_code == 201, response.text
     assert response.json()["content"][0]["text"] == wide
+    # The accepted message started a turn: let it finish, so that only the refused
+    # request could change the database below.
+    await wait_idle(limited.client, limited.sid)
     response = await limited.unchanged("POST", url, json=text_body(wide + "a"))
     assert_refused(response, 422, "validation_error")
 

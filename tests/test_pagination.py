@@ -14,6 +14,7 @@ import httpx
 
 from app.ids import format_id, parse_id, uuid7
 from app.messages import checkpoint
+from app.sessions import service as sessions_service
 from tests.conftest import Running
 from tests.helpers import create_session, list_events, post_message, wait_idle
 
@@ -54,7 +55,7 @@ async def seed(running: Running, session_id: str, plan: Sequence[str]) -> list[S
     sid = parse_id("session", session_id)
     seeded: list[Seeded] = []
     async with database.write() as db:
-        session = await checkpoint.lock_session(db, sid)
+        session = await sessions_service.lock_session(db, sid)
         assert session is not None
         turn_id = uuid7()
         for index, kind in enumerate(plan):

@@ -22,6 +22,7 @@ from app.db import models
 from app.db.session import Database
 from app.live.streams import StreamConfig, message_mutations
 from app.messages import checkpoint
+from app.sessions import service as sessions_service
 from app.settings import Settings
 from tests.conftest import Running, Server
 from tests.helpers import (
@@ -517,7 +518,7 @@ async def test_checkpoint_committed_after_subscribing_is_delivered(
         assert list(snapshot) == []
         # A message commits after the client's snapshot.
         async with other.write() as db:
-            session = await checkpoint.lock_session(db, session_uuid)
+            session = await sessions_service.lock_session(db, session_uuid)
             assert session is not None
             committed, _ = await checkpoint.append_user_message(
                 db,

@@ -21,6 +21,7 @@ from sqlalchemy import select
 from app.db import models
 from app.ids import uuid7
 from app.messages import checkpoint
+from app.sessions import service as sessions_service
 from tests.conftest import ROOT, Running
 from tests.helpers import (
     find_nulls,
@@ -809,7 +810,7 @@ async def test_provider_opaque_parts_are_never_returned(running: Running) -> Non
     opaque = {"type": "provider_opaque", "provider": "openai", "content": {"rs": "x"}}
     database = running.app.state.app.database
     async with database.write() as db:
-        session = await checkpoint.lock_session(db, session_id)
+        session = await sessions_service.lock_session(db, session_id)
         assert session is not None
         opened = await checkpoint.open_agent_message(db, session, turn_id=uuid7())
         assert opened.message is not None

@@ -1,11 +1,15 @@
 """Engines for both dialects. SQLite gets its pragmas and explicit BEGIN handling here;
-PostgreSQL gets its pool. Nothing outside app/db/ branches on the dialect."""
+PostgreSQL gets its pool. Nothing outside app/db/ branches on the dialect.
+
+Writer engines hand out connections in AUTOCOMMIT mode: the write unit of work
+(`app.db.writes.Write`) begins and commits its transaction on the driver connection."""
 
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from app.settings import Settings
@@ -21,11 +25,12 @@ def _sqlite_file(url: str) -> Path | None:
 def _install_sqlite_hooks(
     engine: AsyncEngine,
     *,
-    immediate: bool,
+    begin: str | None,
     busy_timeout_ms: int,
     foreign_keys: bool = True,
 ) -> None:
-    begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+    """Pragmas on every connection; with `begin`, the statement SQLAlchemy's transactions
+    start with (None: the caller begins its transactions itself)."""
 
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -45,11 +50,28 @@ def _install_sqlite_hooks(
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
+    if begin is None:
+        return
+
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
         # Writers take the write lock up front (BEGIN IMMEDIATE): a deferred transaction
         # that reads and then writes can fail with SQLITE_BUSY without waiting.
         conn.exec_driver_sql(begin)
+
+
+def _discard_closed_connections(engine: AsyncEngine) -> None:
+    """Instead of pool_pre_ping, which with asyncpg costs three round trips per checkout
+    (BEGIN, a ping, ROLLBACK): a server that restarted or dropped a connection has
+    closed its end, which asyncpg has already noticed, so a closed connection is
+    replaced at checkout without asking the server. A connection that dies silently
+    fails its first statement: that request is answered 503 and the pool drops it."""
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _on_checkout(_dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if record.driver_connection.is_closed():
+            # The pool discards the connection and checks out another.
+            raise DisconnectionError("connection closed by the server")
 
 
 def create_engines(settings: Settings) -> tuple[AsyncEngine, AsyncEngine]:
@@ -65,18 +87,22 @@ def create_engines(settings: Settings) -> tuple[AsyncEngine, AsyncEngine]:
         )
         # One writer connection per process: in-process writers queue on the pool (no lock
         # spinning), and the busy timeout covers writers in other processes (the CLI).
+        # Every write unit of work ends its own transaction, so there is nothing for the
+        # pool to reset on return (a thread hop per checkin otherwise).
         writer = create_async_engine(
             url,
             pool_size=1,
             max_overflow=0,
             pool_timeout=120,
+            pool_reset_on_return=None,
+            isolation_level="AUTOCOMMIT",
             connect_args={"timeout": busy_s},
         )
         _install_sqlite_hooks(
-            reader, immediate=False, busy_timeout_ms=settings.sqlite_busy_timeout_ms
+            reader, begin="BEGIN", busy_timeout_ms=settings.sqlite_busy_timeout_ms
         )
         _install_sqlite_hooks(
-            writer, immediate=True, busy_timeout_ms=settings.sqlite_busy_timeout_ms
+            writer, begin=None, busy_timeout_ms=settings.sqlite_busy_timeout_ms
         )
         return reader, writer
     engine = create_async_engine(
@@ -84,8 +110,6 @@ def create_engines(settings: Settings) -> tuple[AsyncEngine, AsyncEngine]:
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
         pool_timeout=settings.db_pool_timeout_seconds,
-        # A restarted server leaves dead connections in the pool; ping before use.
-        pool_pre_ping=True,
         pool_recycle=1800,
         connect_args={
             "server_settings": {
@@ -94,7 +118,9 @@ def create_engines(settings: Settings) -> tuple[AsyncEngine, AsyncEngine]:
             },
         },
     )
-    return engine, engine
+    _discard_closed_connections(engine)
+    # One pool: the writer is the same engine with connections in AUTOCOMMIT mode.
+    return engine, engine.execution_options(isolation_level="AUTOCOMMIT")
 
 
 def create_migration_engine(url: str) -> AsyncEngine:
@@ -105,7 +131,7 @@ def create_migration_engine(url: str) -> AsyncEngine:
             path.parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url, pool_size=1, max_overflow=0)
         _install_sqlite_hooks(
-            engine, immediate=True, busy_timeout_ms=30_000, foreign_keys=False
+            engine, begin="BEGIN IMMEDIATE", busy_timeout_ms=30_000, foreign_keys=False
         )
         return engine
     return create_async_engine(url, pool_size=1, max_overflow=0)

@@ -25,6 +25,11 @@ class Session(Base):
     attributes: Mapped[dict[str, Any]] = mapped_column(JsonVariant)
     # The per-session event sequence; bumped under the row lock by every checkpoint.
     last_sequence: Mapped[int] = mapped_column(Integer, default=0)
+    # The sequence of the newest user message, kept with the row lock: a runner reads it
+    # with the lock to tell whether input arrived that its step did not see.
+    last_input_sequence: Mapped[int] = mapped_column(
+        Integer, default=0, server_default="0"
+    )
     # Message counters kept in the checkpoint transaction, so `total` never needs a COUNT.
     visible_message_count: Mapped[int] = mapped_column(Integer, default=0)
     internal_message_count: Mapped[int] = mapped_column(Integer, default=0)

@@ -6,8 +6,6 @@ transaction, the in-process bus delivers it after COMMIT)."""
 import uuid
 from dataclasses import dataclass, field
 
-from sqlalchemy.ext.asyncio import AsyncSession
-
 
 @dataclass
 class Outbox:
@@ -30,11 +28,3 @@ class Outbox:
 
     def __bool__(self) -> bool:
         return bool(self.wakeups or self.kicks or self.deleted)
-
-
-class WriteSession(AsyncSession):
-    """The session of a write unit of work, carrying its outbox."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.outbox = Outbox()

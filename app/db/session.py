@@ -5,17 +5,23 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+)
 
 from app.db.engine import create_engines
-from app.db.outbox import Outbox, WriteSession
+from app.db.outbox import Outbox
+from app.db.writes import Write, new_write
 from app.settings import Settings
 
 
 class CommitHooks(Protocol):
     """What the live side needs from a write unit of work (see app.live.bus)."""
 
-    async def before_commit(self, db: WriteSession) -> None: ...
+    async def before_commit(self, db: Write) -> None: ...
 
     def after_commit(self, outbox: Outbox) -> None: ...
 
@@ -28,9 +34,6 @@ class Database:
 
     def __post_init__(self) -> None:
         self._read = async_sessionmaker(self.reader, expire_on_commit=False)
-        self._write = async_sessionmaker(
-            self.writer, class_=WriteSession, expire_on_commit=False
-        )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Database":
@@ -42,18 +45,19 @@ class Database:
         return self.writer.dialect.name
 
     @asynccontextmanager
-    async def write(self) -> AsyncIterator[WriteSession]:
+    async def write(self) -> AsyncIterator[Write]:
         """A write unit of work: commits on success, rolls back on any exception."""
-        async with self._write() as db:
-            try:
-                yield db
-                await db.flush()
-                if self.hooks is not None:
-                    await self.hooks.before_commit(db)
-                await db.commit()
-            except BaseException:
-                await db.rollback()
-                raise
+        db = new_write(self.writer)
+        try:
+            yield db
+            if self.hooks is not None:
+                await self.hooks.before_commit(db)
+            await db.commit()
+        except BaseException:
+            await db.rollback()
+            raise
+        finally:
+            await db.close()
         # Publish only after the commit: nothing is announced for a rolled-back change.
         if self.hooks is not None and db.outbox:
             self.hooks.after_commit(db.outbox)
@@ -66,7 +70,17 @@ class Database:
         async with self._read() as db:
             yield db
 
+    @asynccontextmanager
+    async def statements(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for single reads outside any transaction: each statement sees
+        what committed before it, and costs one round trip on PostgreSQL (no BEGIN or
+        ROLLBACK around it). For the runner's polling reads; on SQLite a reader
+        connection (a local file: transactions cost no round trip)."""
+        pg = self.writer.dialect.name == "postgresql"
+        async with (self.writer if pg else self.reader).connect() as conn:
+            yield conn
+
     async def dispose(self) -> None:
         await self.reader.dispose()
-        if self.writer is not self.reader:
+        if self.writer.sync_engine.pool is not self.reader.sync_engine.pool:
             await self.writer.dispose()

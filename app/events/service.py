@@ -1,18 +1,20 @@
-"""Event log use-cases: allocate sequences under the session row lock, append, read."""
+"""Event log use-cases: render the events a checkpoint appends, and read the log."""
 
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import wire
 from app.db import models
-from app.db.types import utcnow
-from app.errors import InvalidRequest, SessionNotFound
+from app.db.writes import EventRow
+from app.errors import InvalidRequest
 from app.ids import format_id, uuid7
+from app.sessions.service import session_not_found
 
 
 @dataclass(frozen=True)
@@ -30,30 +32,6 @@ class EventFilter:
     types: Sequence[str] = field(default_factory=tuple)
     exclude: Sequence[str] = field(default_factory=tuple)
     limit: int | None = None
-
-
-async def allocate_sequences(
-    db: AsyncSession, session_id: uuid.UUID, count: int
-) -> int:
-    """Reserve `count` consecutive sequences; returns the first.
-
-    One UPDATE ... RETURNING under the session's row lock (PostgreSQL) or the single
-    writer lock (SQLite BEGIN IMMEDIATE): commit order equals sequence order, and the
-    sequence stays dense because a rolled-back transaction releases its numbers.
-    """
-    now = utcnow()
-    last = await db.scalar(
-        update(models.Session)
-        .where(models.Session.id == session_id)
-        .values(
-            last_sequence=models.Session.last_sequence + count,
-            last_activity_at=now,
-            updated_at=now,
-        )
-        .returning(models.Session.last_sequence)
-    )
-    assert last is not None
-    return int(last) - count + 1
 
 
 def render_event(
@@ -82,19 +60,10 @@ def render_event(
     return body
 
 
-async def append_events(
-    db: AsyncSession, session_id: uuid.UUID, specs: Sequence[EventSpec]
-) -> list[models.Event]:
-    """Append events to the log in the caller's transaction, with dense sequences."""
-    first = await allocate_sequences(db, session_id, len(specs))
-    return add_events(db, session_id, first, specs)
-
-
-def add_events(
-    db: AsyncSession, session_id: uuid.UUID, first: int, specs: Sequence[EventSpec]
-) -> list[models.Event]:
-    """Insert events whose sequences the caller already allocated."""
-    now = utcnow()
+def render_event_rows(
+    session_id: uuid.UUID, first: int, specs: Sequence[EventSpec], now: datetime
+) -> list[EventRow]:
+    """The rows of events numbered from `first`, each with its wire JSON rendered."""
     rows = []
     for offset, spec in enumerate(specs):
         event_id = uuid7()
@@ -107,17 +76,14 @@ def add_events(
             ts=now,
         )
         rows.append(
-            models.Event(
+            EventRow(
                 id=event_id,
-                session_id=session_id,
                 sequence=sequence,
                 type=spec.type,
                 turn_id=spec.turn_id,
-                created_at=now,
                 body=wire.dumps(body).decode(),
             )
         )
-    db.add_all(rows)
     return rows
 
 
@@ -228,7 +194,7 @@ async def require_session(
         )
     )
     if found is None:
-        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
+        raise session_not_found(session_id)
 
 
 async def list_events(

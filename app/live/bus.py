@@ -20,10 +20,10 @@ from typing import Any
 
 import asyncpg
 import orjson
-from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from app.db.outbox import Outbox, WriteSession
+from app.db.outbox import Outbox
+from app.db.writes import Write
 from app.ids import format_id, uuid7
 from app.live.items import (
     BusItem,
@@ -66,7 +66,7 @@ class Bus:
     async def stop(self) -> None:
         return None
 
-    async def before_commit(self, db: WriteSession) -> None:
+    async def before_commit(self, db: Write) -> None:
         """Called inside a write transaction, just before COMMIT."""
 
     def after_commit(self, outbox: Outbox) -> None:
@@ -273,16 +273,13 @@ class PgBus(Bus):
                 with contextlib.suppress(Exception):
                     await conn.close()
 
-    async def before_commit(self, db: WriteSession) -> None:
+    async def before_commit(self, db: Write) -> None:
         # NOTIFY is transactional: delivered at COMMIT, discarded on ROLLBACK.
         outbox = db.outbox
         items: list[BusItem] = [Wakeup(s, q) for s, q in outbox.wakeups.items()]
         items += [Deleted(s) for s in outbox.deleted]
         for item in items:
-            await db.execute(
-                text("SELECT pg_notify(:channel, :payload)"),
-                {"channel": CHANNEL, "payload": orjson.dumps(encode(item)).decode()},
-            )
+            db.notify(CHANNEL, orjson.dumps(encode(item)).decode())
 
     def after_commit(self, outbox: Outbox) -> None:
         # This process's own writes also reach it through its listener, a moment later;

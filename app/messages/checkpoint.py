@@ -1,24 +1,24 @@
 """The checkpoint writer: every durable change to a message is one transaction that
 updates its snapshot, bumps its revision and appends the upstream events describing it.
 
-Functions here run inside the caller's write unit of work (they never commit) and expect
-the session row to be locked first with `lock_session`. Each records a wake-up in the
-unit of work's outbox, which is published to the bus only as the transaction commits.
+Functions here run inside the caller's write unit of work (they never commit) on a
+session row the caller locked first with `sessions.service.lock_session`. Holding the
+lock, the next sequences are the session's `last_sequence + 1 ...`: each checkpoint
+renders its message and events and writes them with the session row in one statement
+(`Write.save_checkpoint`), then records a wake-up in the unit of work's outbox, which is
+published to the bus only as the transaction commits.
 """
 
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from app import wire
-from app.db import models
-from app.db.outbox import WriteSession
 from app.db.types import utcnow
-from app.events.service import EventSpec, add_events, allocate_sequences
+from app.db.writes import EventRow, LockedSession, MessageRow, Write
+from app.events.service import EventSpec, render_event_rows
 from app.ids import format_id, uuid7
 from app.messages import render
 
@@ -29,30 +29,12 @@ class CheckpointError(Exception):
 
 @dataclass
 class Checkpoint:
-    message: models.Message | None
-    events: list[models.Event]
+    message: MessageRow | None
+    events: list[EventRow]
 
 
-def note_wakeup(db: AsyncSession, session_id: uuid.UUID, sequence: int) -> None:
-    assert isinstance(db, WriteSession), "checkpoints run in a write unit of work"
-    db.outbox.wake(session_id, sequence)
-
-
-async def lock_session(
-    db: AsyncSession, session_id: uuid.UUID
-) -> models.Session | None:
-    """Take the session's row lock (PostgreSQL FOR UPDATE; SQLite writers already hold
-    the database write lock from BEGIN IMMEDIATE, and SQLAlchemy omits the clause)."""
-    session: models.Session | None = await db.scalar(
-        select(models.Session).where(models.Session.id == session_id).with_for_update()
-    )
-    return session
-
-
-async def get_message_for_update(
-    db: AsyncSession, message_id: uuid.UUID
-) -> models.Message:
-    message = await db.get(models.Message, message_id, populate_existing=True)
+async def get_message_for_update(db: Write, message_id: uuid.UUID) -> MessageRow:
+    message = await db.message(message_id)
     if message is None:
         raise CheckpointError(f"message {message_id} does not exist")
     return message
@@ -85,44 +67,110 @@ def number_parts(
     return numbered
 
 
-def _count(session: models.Session, visibility: str) -> None:
+def _count(session: LockedSession, visibility: str) -> None:
     if visibility == "internal":
         session.internal_message_count += 1
     else:
         session.visible_message_count += 1
 
 
-async def _commit(
-    db: AsyncSession,
-    session: models.Session,
-    message: models.Message | None,
-    specs: list[EventSpec],
+def _new_message(
+    session: LockedSession,
+    now: datetime,
     *,
-    first: int | None = None,
+    sequence: int,
+    role: str,
+    state: str,
+    visibility: str,
+    turn_id: uuid.UUID | None,
+    content: list[dict[str, Any]],
+    extra: dict[str, Any],
+    client_message_id: str | None = None,
+) -> MessageRow:
+    return MessageRow(
+        id=uuid.uuid4(),
+        session_id=session.id,
+        sequence=sequence,
+        role=role,
+        state=state,
+        visibility=visibility,
+        revision=1,
+        turn_id=turn_id,
+        client_message_id=client_message_id,
+        content=content,
+        extra=extra,
+        snapshot="",
+        changed_sequence=sequence,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+async def _commit(
+    db: Write,
+    session: LockedSession,
+    now: datetime,
+    message: MessageRow | None,
+    specs: Sequence[EventSpec],
+    *,
+    inserted: bool = False,
+    started: bool = False,
+    finished: bool = False,
 ) -> Checkpoint:
-    """Allocate sequences (unless the caller did), render the message, append events."""
-    if first is None:
-        first = await allocate_sequences(db, session.id, len(specs))
-    last = first + len(specs) - 1
-    session.last_sequence = last
+    """Number the events after the session's last sequence and write the checkpoint.
+    The message, if any, is already rendered."""
+    first = session.last_sequence + 1
+    session.last_sequence += len(specs)
+    events = render_event_rows(session.id, first, specs, now)
     if message is not None:
-        message.changed_sequence = last
-        render.render(message)
-    events = add_events(db, session.id, first, specs)
-    note_wakeup(db, session.id, last)
+        message.changed_sequence = session.last_sequence
+    await db.save_checkpoint(
+        session,
+        now,
+        message=message,
+        inserted=inserted,
+        events=events,
+        started=started,
+        finished=finished,
+    )
+    db.outbox.wake(session.id, session.last_sequence)
     return Checkpoint(message=message, events=events)
 
 
-def _touch(message: models.Message) -> None:
+def _touch(message: MessageRow, now: datetime) -> None:
     if message.state != "streaming":
         raise CheckpointError(f"message {format_id('message', message.id)} is closed")
     message.revision += 1
-    message.updated_at = utcnow()
+    message.updated_at = now
+
+
+def _turn_opening(
+    turn_id: uuid.UUID, message: MessageRow
+) -> tuple[EventSpec, EventSpec]:
+    """`session.activated` and `turn.started` for a turn that answers `message`."""
+    ids = {
+        "input_message_id": format_id("message", message.id),
+        "turn_id": format_id("turn", turn_id),
+    }
+    text = " ".join(
+        p.get("text", "") for p in message.content if p.get("type") == "text"
+    ).strip()
+    return (
+        EventSpec(
+            "session.activated", dict(ids), turn_id=turn_id, input_message_id=message.id
+        ),
+        EventSpec(
+            "turn.started",
+            {**ids, "input_content": text} if text else dict(ids),
+            turn_id=turn_id,
+            input_message_id=message.id,
+        ),
+    )
 
 
 async def append_user_message(
-    db: AsyncSession,
-    session: models.Session,
+    db: Write,
+    session: LockedSession,
     *,
     content: Sequence[dict[str, Any]],
     visibility: str,
@@ -138,73 +186,43 @@ async def append_user_message(
     starting = turn_id is None and start_turn
     if starting:
         turn_id = uuid7()
-    message_id = uuid.uuid4()
-    specs = [
-        EventSpec("input.message", {}, turn_id=turn_id, input_message_id=message_id)
-    ]
-    if starting:
-        assert turn_id is not None
-        ids = {
-            "input_message_id": format_id("message", message_id),
-            "turn_id": format_id("turn", turn_id),
-        }
-        text = " ".join(
-            p.get("text", "") for p in content if p.get("type") == "text"
-        ).strip()
-        specs.append(
-            EventSpec(
-                "session.activated",
-                dict(ids),
-                turn_id=turn_id,
-                input_message_id=message_id,
-            )
-        )
-        specs.append(
-            EventSpec(
-                "turn.started",
-                {**ids, "input_content": text} if text else dict(ids),
-                turn_id=turn_id,
-                input_message_id=message_id,
-            )
-        )
-    first = await allocate_sequences(db, session.id, len(specs))
-    message = models.Message(
-        id=message_id,
-        session_id=session.id,
-        sequence=first,
+    message = _new_message(
+        session,
+        now,
+        sequence=session.last_sequence + 1,
         role="user",
         state="done",
         visibility=visibility,
-        revision=1,
         turn_id=turn_id,
-        client_message_id=client_message_id,
         content=number_parts("user", [], content),
         extra=extra,
-        snapshot="",
-        changed_sequence=first,
-        created_at=now,
-        updated_at=now,
+        client_message_id=client_message_id,
     )
-    render.render(message)
-    specs[0] = EventSpec(
-        "input.message",
-        {"message": render.message_wire(message)},
-        turn_id=turn_id,
-        input_message_id=message_id,
-    )
-    db.add(message)
+    specs = [
+        EventSpec(
+            "input.message",
+            {"message": render.render(message)},
+            turn_id=turn_id,
+            input_message_id=message.id,
+        )
+    ]
     _count(session, visibility)
+    session.last_input_sequence = message.sequence
     if starting:
+        assert turn_id is not None
+        specs.extend(_turn_opening(turn_id, message))
         session.active_turn_id = turn_id
         session.status = "active"
-        session.cancel_requested_at = None
-        session.started_at = session.started_at or now
-    return await _commit(db, session, message, specs, first=first), turn_id
+        session.cancel_requested = False
+    checkpoint = await _commit(
+        db, session, now, message, specs, inserted=True, started=starting
+    )
+    return checkpoint, turn_id
 
 
 async def open_agent_message(
-    db: AsyncSession,
-    session: models.Session,
+    db: Write,
+    session: LockedSession,
     *,
     turn_id: uuid.UUID,
     model: str | None = None,
@@ -213,29 +231,21 @@ async def open_agent_message(
 ) -> Checkpoint:
     """Open a streaming agent message (`output.message.started`), revision 1, no parts."""
     now = utcnow()
-    message_id = uuid.uuid4()
-    first = await allocate_sequences(db, session.id, 1)
-    message = models.Message(
-        id=message_id,
-        session_id=session.id,
-        sequence=first,
+    message = _new_message(
+        session,
+        now,
+        sequence=session.last_sequence + 1,
         role="agent",
         state="streaming",
         visibility="visible",
-        revision=1,
         turn_id=turn_id,
-        client_message_id=None,
         content=[],
         extra={"phase": phase} if phase else {},
-        snapshot="",
-        changed_sequence=first,
-        created_at=now,
-        updated_at=now,
     )
-    db.add(message)
+    render.render(message)
     _count(session, "visible")
     data: dict[str, Any] = {
-        "message_id": format_id("message", message_id),
+        "message_id": format_id("message", message.id),
         "turn_id": format_id("turn", turn_id),
     }
     if iteration is not None:
@@ -247,24 +257,26 @@ async def open_agent_message(
     return await _commit(
         db,
         session,
+        now,
         message,
         [EventSpec("output.message.started", data, turn_id=turn_id)],
-        first=first,
+        inserted=True,
     )
 
 
-def _completed(message: models.Message, **extra: Any) -> EventSpec:
+def _completed(message: MessageRow, **extra: Any) -> EventSpec:
+    """Render the message and the `output.message.completed` event that carries it."""
     data = {
-        "message": render.message_wire(message),
+        "message": render.render(message),
         **{k: v for k, v in extra.items() if v is not None},
     }
     return EventSpec("output.message.completed", data, turn_id=message.turn_id)
 
 
 async def commit_step(
-    db: AsyncSession,
-    session: models.Session,
-    message: models.Message,
+    db: Write,
+    session: LockedSession,
+    message: MessageRow,
     *,
     step_id: str,
     parts: Sequence[dict[str, Any]],
@@ -272,10 +284,13 @@ async def commit_step(
     phase_source: str | None = None,
     close: bool = False,
     usage: dict[str, Any] | None = None,
+    then: Sequence[EventSpec] = (),
 ) -> Checkpoint:
     """Commit a completed model Step: its complete parts at once, each carrying `step_id`.
-    With `close`, the same checkpoint closes the message (`state: done`)."""
-    _touch(message)
+    With `close`, the same checkpoint closes the message (`state: done`). Events in
+    `then` follow in the same checkpoint."""
+    now = utcnow()
+    _touch(message, now)
     message.content = [
         *message.content,
         *number_parts("agent", message.content, parts, step_id),
@@ -288,11 +303,11 @@ async def commit_step(
         }
     if close:
         message.state = "done"
-    render.render(message)
-    return await _commit(db, session, message, [_completed(message, usage=usage)])
+    spec = _completed(message, usage=usage)
+    return await _commit(db, session, now, message, [spec, *then])
 
 
-def _find_part(message: models.Message, **match: Any) -> tuple[int, dict[str, Any]]:
+def _find_part(message: MessageRow, **match: Any) -> tuple[int, dict[str, Any]]:
     for index, part in enumerate(message.content):
         if all(part.get(k) == v for k, v in match.items()):
             return index, part
@@ -302,9 +317,9 @@ def _find_part(message: models.Message, **match: Any) -> tuple[int, dict[str, An
 
 
 async def tool_transition(
-    db: AsyncSession,
-    session: models.Session,
-    message: models.Message,
+    db: Write,
+    session: LockedSession,
+    message: MessageRow,
     *,
     tool_call_id: str,
     status: str,
@@ -317,9 +332,10 @@ async def tool_transition(
     tool_call part. Completion appends the matching tool_result part. A related
     interaction part (created or updated by `interaction_id`) commits in the same
     checkpoint."""
-    _touch(message)
-    content = [dict(p) for p in message.content]
+    now = utcnow()
     index, part = _find_part(message, type="tool_call", id=tool_call_id)
+    _touch(message, now)
+    content = [dict(p) for p in message.content]
     content[index] = {**part, "status": status}
     step_id = part.get("step_id")
     new_parts: list[dict[str, Any]] = []
@@ -371,12 +387,13 @@ async def tool_transition(
         if duration_ms is not None:
             data["duration_ms"] = duration_ms
         spec = EventSpec("tool.completed", data, turn_id=message.turn_id)
-    return await _commit(db, session, message, [spec])
+    render.render(message)
+    return await _commit(db, session, now, message, [spec])
 
 
 async def append_action(
-    db: AsyncSession,
-    session: models.Session,
+    db: Write,
+    session: LockedSession,
     *,
     turn_id: uuid.UUID | None,
     action: str,
@@ -385,58 +402,49 @@ async def append_action(
 ) -> Checkpoint:
     """The seed's Action ownership rule: append to the turn's streaming agent message when
     there is one; otherwise store a standalone agent message holding just the Action."""
+    now = utcnow()
     part: dict[str, Any] = {"type": "action", "action": action}
     if data is not None:
         part["data"] = data
     specs = [event] if event is not None else []
     streaming = None
     if turn_id is not None:
-        streaming = await db.scalar(
-            select(models.Message).where(
-                models.Message.session_id == session.id,
-                models.Message.turn_id == turn_id,
-                models.Message.state == "streaming",
-            )
+        streaming = next(
+            (
+                m
+                for m in await db.streaming_messages(session.id)
+                if m.turn_id == turn_id
+            ),
+            None,
         )
     if streaming is not None:
-        _touch(streaming)
+        _touch(streaming, now)
         streaming.content = [
             *streaming.content,
             *number_parts("agent", streaming.content, [part]),
         ]
-        render.render(streaming)
-        return await _commit(db, session, streaming, [*specs, _completed(streaming)])
-    now = utcnow()
-    first = await allocate_sequences(db, session.id, len(specs) + 1)
-    message = models.Message(
-        id=uuid.uuid4(),
-        session_id=session.id,
-        sequence=first + len(specs),
+        spec = _completed(streaming)
+        return await _commit(db, session, now, streaming, [*specs, spec])
+    message = _new_message(
+        session,
+        now,
+        sequence=session.last_sequence + 1 + len(specs),
         role="agent",
         state="done",
         visibility="visible",
-        revision=1,
         turn_id=turn_id,
-        client_message_id=None,
         content=number_parts("agent", [], [part]),
         extra={},
-        snapshot="",
-        changed_sequence=first,
-        created_at=now,
-        updated_at=now,
     )
-    render.render(message)
-    db.add(message)
     _count(session, "visible")
-    return await _commit(
-        db, session, message, [*specs, _completed(message)], first=first
-    )
+    spec = _completed(message)
+    return await _commit(db, session, now, message, [*specs, spec], inserted=True)
 
 
 async def close_message(
-    db: AsyncSession,
-    session: models.Session,
-    message: models.Message,
+    db: Write,
+    session: LockedSession,
+    message: MessageRow,
     *,
     error: tuple[str, str] | None = None,
     then: Sequence[EventSpec] = (),
@@ -444,7 +452,8 @@ async def close_message(
     """Close a streaming message (`state: done`); with `error` = (code, text), append an
     error part first: how an interrupted or failed message is persisted. Events in
     `then` (turn outcome, session.idled) are appended in the same checkpoint."""
-    _touch(message)
+    now = utcnow()
+    _touch(message, now)
     if error is not None:
         code, text = error
         message.content = [
@@ -456,34 +465,35 @@ async def close_message(
             ),
         ]
     message.state = "done"
-    render.render(message)
     spec = _completed(message, error_code=error[0] if error else None)
-    return await _commit(db, session, message, [spec, *then])
+    return await _commit(db, session, now, message, [spec, *then])
 
 
 async def finish_turn(
-    db: AsyncSession,
-    session: models.Session,
+    db: Write,
+    session: LockedSession,
     *,
     turn_id: uuid.UUID,
     outcome: EventSpec,
+    answer_next: MessageRow | None = None,
 ) -> Checkpoint:
-    """End the session's running turn with its outcome event, then `session.idled`."""
-    now = utcnow()
+    """End the session's running turn with its outcome event, then `session.idled`.
+    With `answer_next` (a user message the turn did not answer), a new turn for it
+    starts in the same checkpoint: `session.activated`, `turn.started`."""
     idled = EventSpec(
         "session.idled", {"turn_id": format_id("turn", turn_id)}, turn_id=turn_id
     )
+    specs = [outcome, idled]
     session.active_turn_id = None
-    session.cancel_requested_at = None
+    session.cancel_requested = False
     session.status = "idle"
-    session.finished_at = now
-    return await _commit(db, session, None, [outcome, idled])
+    if answer_next is not None:
+        next_turn = uuid7()
+        specs.extend(_turn_opening(next_turn, answer_next))
+        session.active_turn_id = next_turn
+        session.status = "active"
+    return await _commit(db, session, utcnow(), None, specs, finished=True)
 
 
-async def streaming_messages(
-    db: AsyncSession, session_id: uuid.UUID | None = None
-) -> list[models.Message]:
-    stmt = select(models.Message).where(models.Message.state == "streaming")
-    if session_id is not None:
-        stmt = stmt.where(models.Message.session_id == session_id)
-    return list((await db.scalars(stmt.order_by(models.Message.sequence))).all())
+async def streaming_messages(db: Write, session_id: uuid.UUID) -> list[MessageRow]:
+    return await db.streaming_messages(session_id)

@@ -3,7 +3,7 @@
 from typing import Any
 
 from app import wire
-from app.db import models
+from app.db.writes import MessageRow
 from app.ids import format_id
 
 # Kept for replay, never returned by the API.
@@ -16,7 +16,7 @@ def wire_content(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [part for part in content if part.get("type") not in HIDDEN_PART_TYPES]
 
 
-def message_wire(row: models.Message) -> dict[str, Any]:
+def message_wire(row: MessageRow) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": format_id("message", row.id),
         "session_id": format_id("session", row.session_id),
@@ -38,6 +38,9 @@ def message_wire(row: models.Message) -> dict[str, Any]:
     return body
 
 
-def render(row: models.Message) -> None:
-    """Refresh the stored snapshot from the row's current fields."""
-    row.snapshot = wire.dumps(message_wire(row)).decode()
+def render(row: MessageRow) -> dict[str, Any]:
+    """Refresh the stored snapshot from the row's current fields; returns the wire
+    object, which the checkpoint's events carry too."""
+    body = message_wire(row)
+    row.snapshot = wire.dumps(body).decode()
+    return body

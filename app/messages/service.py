@@ -6,20 +6,18 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-
 from app import wire
-from app.db import models
-from app.db.outbox import WriteSession
 from app.db.reads import Reads, SessionHead
+from app.db.writes import Write
 from app.errors import InvalidRequest, MessageNotFound, SessionNotFound
 from app.ids import format_id
 from app.messages import checkpoint, schemas
 from app.messages.cache import CachedPage, PageCache
+from app.sessions import service as sessions_service
 
 
 async def create_message(
-    db: WriteSession,
+    db: Write,
     *,
     organization_id: uuid.UUID,
     session_id: uuid.UUID,
@@ -32,16 +30,11 @@ async def create_message(
     session (`started`) or joins the running one (`steered`)."""
     if data.message.role != "user":
         raise InvalidRequest("Only user messages can be created through this endpoint")
-    session = await checkpoint.lock_session(db, session_id)
-    if session is None or session.organization_id != organization_id:
-        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
+    session = await sessions_service.lock_owned_session(
+        db, organization_id=organization_id, session_id=session_id
+    )
     if data.client_message_id is not None:
-        stored = await db.scalar(
-            select(models.Message.snapshot).where(
-                models.Message.session_id == session_id,
-                models.Message.client_message_id == data.client_message_id,
-            )
-        )
+        stored = await db.snapshot_by_client_id(session_id, data.client_message_id)
         if stored is not None:
             return wire.with_field(stored, "delivery", "duplicate")
     extra: dict[str, Any] = {}

@@ -24,6 +24,7 @@ from app.db import models
 from app.db.dialect import create_leases
 from app.db.session import Database
 from app.db.types import utcnow
+from app.db.writes import LockedSession, MessageRow, Write
 from app.events.service import EventSpec
 from app.ids import format_id, uuid7
 from app.live.bus import Bus
@@ -48,11 +49,14 @@ from app.runner.drivers import (
     create_driver,
     run_tool,
 )
+from app.sessions import service as sessions_service
 from app.settings import Settings
 
 log = logging.getLogger("app.runner")
 
 HISTORY_FOR_MODEL = 50
+# The step cap of a session created without `max_iterations`.
+DEFAULT_MAX_ITERATIONS = 20
 
 
 class TurnCancelled(Exception):
@@ -199,10 +203,10 @@ class TurnRunner:
             try:
                 while True:
                     self.rekick.discard(session_id)
-                    turn_id = await self._active_turn(session_id)
+                    turn_id, max_iterations = await self._active_turn(session_id)
                     if turn_id is None:
                         break
-                    await self._run_turn(session_id, turn_id)
+                    await self._run_turn(session_id, turn_id, max_iterations)
             finally:
                 await self.leases.release(session_id)
         except asyncio.CancelledError:
@@ -215,19 +219,26 @@ class TurnRunner:
                 self.rekick.discard(session_id)
                 self.kick(session_id)
 
-    async def _active_turn(self, session_id: uuid.UUID) -> uuid.UUID | None:
-        async with self.database.read() as db:
-            return await db.scalar(
-                select(models.Session.active_turn_id).where(
-                    models.Session.id == session_id
+    async def _active_turn(self, session_id: uuid.UUID) -> tuple[uuid.UUID | None, int]:
+        """The session's running turn, and its step cap."""
+        async with self.database.statements() as conn:
+            row = (
+                await conn.execute(
+                    select(
+                        models.Session.active_turn_id, models.Session.attributes
+                    ).where(models.Session.id == session_id)
                 )
-            )
+            ).one_or_none()
+        if row is None:
+            return None, DEFAULT_MAX_ITERATIONS
+        cap = row.attributes.get("max_iterations") or DEFAULT_MAX_ITERATIONS
+        return row.active_turn_id, int(cap)
 
     # ---- a turn --------------------------------------------------------------------
 
     async def _cancel_requested(self, session_id: uuid.UUID) -> bool:
-        async with self.database.read() as db:
-            requested = await db.scalar(
+        async with self.database.statements() as conn:
+            requested = await conn.scalar(
                 select(models.Session.cancel_requested_at).where(
                     models.Session.id == session_id
                 )
@@ -235,17 +246,22 @@ class TurnRunner:
         return requested is not None
 
     async def _history(
-        self, session_id: uuid.UUID, turn_id: uuid.UUID
-    ) -> tuple[list[dict[str, Any]], int]:
-        """The recent conversation for the model, and the newest user message sequence
-        of this turn it includes."""
-        async with self.database.read() as db:
+        self, session_id: uuid.UUID
+    ) -> tuple[list[dict[str, Any]], int, bool]:
+        """The recent conversation for the model, the newest user message sequence it
+        includes, and whether a cancel was requested (read first: a cancel that
+        commits after it is seen at the step's checkpoint)."""
+        async with self.database.statements() as conn:
+            cancel = await conn.scalar(
+                select(models.Session.cancel_requested_at).where(
+                    models.Session.id == session_id
+                )
+            )
             rows = (
-                await db.execute(
+                await conn.execute(
                     select(
                         models.Message.snapshot,
                         models.Message.role,
-                        models.Message.turn_id,
                         models.Message.sequence,
                     )
                     .where(models.Message.session_id == session_id)
@@ -253,44 +269,33 @@ class TurnRunner:
                     .limit(HISTORY_FOR_MODEL)
                 )
             ).all()
-        consumed = max(
-            (seq for _, role, turn, seq in rows if role == "user" and turn == turn_id),
-            default=0,
-        )
-        return [wire.loads(snapshot) for snapshot, *_ in reversed(rows)], consumed
+        consumed = max((seq for _, role, seq in rows if role == "user"), default=0)
+        history = [wire.loads(snapshot) for snapshot, *_ in reversed(rows)]
+        return history, consumed, cancel is not None
 
-    async def _unconsumed(
-        self, db: Any, session_id: uuid.UUID, turn_id: uuid.UUID, consumed: int
-    ) -> bool:
-        newer = await db.scalar(
-            select(models.Message.id)
-            .where(
-                models.Message.session_id == session_id,
-                models.Message.turn_id == turn_id,
-                models.Message.role == "user",
-                models.Message.sequence > consumed,
-            )
-            .limit(1)
-        )
-        return newer is not None
-
-    async def _run_turn(self, session_id: uuid.UUID, turn_id: uuid.UUID) -> None:
+    async def _run_turn(
+        self, session_id: uuid.UUID, turn_id: uuid.UUID, max_iterations: int
+    ) -> None:
+        """Step the model until a step answers without tool calls and no input arrived
+        that it did not see, or until `max_iterations` steps. The runner holds the
+        streaming message between checkpoints: it is its only writer while the turn
+        runs (each checkpoint checks the turn under the session lock, and the message
+        update checks the revision)."""
         watch = self.watches[session_id] = asyncio.Event()
         started = time.monotonic()
-        message_id: uuid.UUID | None = None
+        message: MessageRow | None = None
         iteration = 0
         tool_count = 0
         tool_results: list[dict[str, Any]] = []
-        step: LiveStep | None = None
         try:
             while True:
                 iteration += 1
-                history, consumed = await self._history(session_id, turn_id)
-                if await self._cancel_requested(session_id):
+                history, consumed, cancelled = await self._history(session_id)
+                if cancelled:
                     raise TurnCancelled
-                if message_id is None:
+                if message is None:
                     async with self.database.write() as db:
-                        session = await self._lock(db, session_id)
+                        session = await self._lock(db, session_id, turn_id)
                         opened = await checkpoint.open_agent_message(
                             db,
                             session,
@@ -299,21 +304,28 @@ class TurnRunner:
                             iteration=iteration,
                         )
                     assert opened.message is not None
-                    message_id, revision, content_length = opened.message.id, 1, 0
+                    message = opened.message
                 step = LiveStep(
-                    session_id, message_id, turn_id, revision, content_length + 1
+                    session_id,
+                    message.id,
+                    turn_id,
+                    message.revision,
+                    len(message.content) + 1,
                 )
-                self.live[message_id] = step
+                self.live[message.id] = step
                 tool_calls = await self._stream_step(
                     step, Turn(history, iteration, tool_results), watch
                 )
+                last = iteration >= max_iterations
                 async with self.database.write() as db:
-                    session = await self._lock(db, session_id)
-                    close = not tool_calls and not await self._unconsumed(
-                        db, session_id, turn_id, consumed
+                    session = await self._lock(db, session_id, turn_id)
+                    # A step without tool calls is the answer, unless input arrived
+                    # that it did not see: then the next step of the same message
+                    # answers that too. At the cap there is no next step.
+                    done = not tool_calls and (
+                        last or session.last_input_sequence <= consumed
                     )
-                    message = await checkpoint.get_message_for_update(db, message_id)
-                    committed = await checkpoint.commit_step(
+                    await checkpoint.commit_step(
                         db,
                         session,
                         message,
@@ -321,56 +333,50 @@ class TurnRunner:
                         parts=step.parts,
                         phase=step.phase,
                         phase_source="provider",
-                        close=close,
+                        close=done,
                     )
-                    assert committed.message is not None
-                    revision, content_length = (
-                        committed.message.revision,
-                        len(committed.message.content),
-                    )
-                self.live.pop(message_id, None)
-                await self.bus.publish(StepEnded(session_id, message_id))
+                    if done:
+                        await self._complete(
+                            db,
+                            session,
+                            turn_id,
+                            message,
+                            iteration,
+                            consumed,
+                            started,
+                            tool_count,
+                        )
+                self.live.pop(message.id, None)
+                await self.bus.publish(StepEnded(session_id, message.id))
+                if done:
+                    return
                 tool_results = []
                 for call in tool_calls:
                     tool_count += 1
-                    result = await self._run_tool(session_id, message_id, call)
+                    result = await self._run_tool(session_id, turn_id, message, call)
                     tool_results.append(result)
+                if last:
+                    # The cap came with tool calls: their results are stored, and no
+                    # further step runs.
                     async with self.database.write() as db:
-                        message = await checkpoint.get_message_for_update(
-                            db, message_id
-                        )
-                        revision, content_length = (
-                            message.revision,
-                            len(message.content),
-                        )
-                if close:
-                    async with self.database.write() as db:
-                        session = await self._lock(db, session_id)
-                        if await self._unconsumed(db, session_id, turn_id, consumed):
-                            # A steering message arrived as the message closed: answer it
-                            # in a new agent message of the same turn.
-                            message_id = None
-                            continue
-                        data = {
-                            "turn_id": format_id("turn", turn_id),
-                            "iterations": iteration,
-                            "status": "completed",
-                            "final_message_id": format_id("message", message_id),
-                            "duration_ms": int((time.monotonic() - started) * 1000),
-                            "tool_call_count": tool_count,
-                        }
-                        await checkpoint.finish_turn(
+                        session = await self._lock(db, session_id, turn_id)
+                        await checkpoint.close_message(db, session, message)
+                        await self._complete(
                             db,
                             session,
-                            turn_id=turn_id,
-                            outcome=EventSpec("turn.completed", data, turn_id=turn_id),
+                            turn_id,
+                            message,
+                            iteration,
+                            consumed,
+                            started,
+                            tool_count,
                         )
                     return
         except TurnCancelled:
             await self._end_with_error(
                 session_id,
                 turn_id,
-                message_id,
+                message.id if message else None,
                 ("cancelled", "The turn was cancelled by the user"),
                 EventSpec(
                     "turn.cancelled",
@@ -385,7 +391,7 @@ class TurnRunner:
             await self._end_with_error(
                 session_id,
                 turn_id,
-                message_id,
+                message.id if message else None,
                 ("model_error", str(exc)),
                 EventSpec(
                     "turn.failed",
@@ -405,7 +411,7 @@ class TurnRunner:
             await self._end_with_error(
                 session_id,
                 turn_id,
-                message_id,
+                message.id if message else None,
                 ("internal_error", "The turn failed unexpectedly"),
                 EventSpec(
                     "turn.failed",
@@ -420,14 +426,52 @@ class TurnRunner:
         finally:
             if self.watches.get(session_id) is watch:
                 del self.watches[session_id]
-            if message_id is not None:
-                self.live.pop(message_id, None)
+            if message is not None:
+                self.live.pop(message.id, None)
 
-    async def _lock(self, db: Any, session_id: uuid.UUID) -> models.Session:
-        session = await checkpoint.lock_session(db, session_id)
-        if session is None:
-            raise TurnCancelled  # the session was deleted
-        if session.cancel_requested_at is not None:
+    async def _complete(
+        self,
+        db: Write,
+        session: LockedSession,
+        turn_id: uuid.UUID,
+        message: MessageRow,
+        iterations: int,
+        consumed: int,
+        started: float,
+        tool_count: int,
+    ) -> None:
+        """`turn.completed` and `session.idled`. Input the last step did not see (only
+        possible at the step cap) is not dropped: a new turn starts for it in the same
+        checkpoint."""
+        unanswered = None
+        if session.last_input_sequence > consumed:
+            unanswered = await db.first_input_after(session.id, consumed)
+        data = {
+            "turn_id": format_id("turn", turn_id),
+            "iterations": iterations,
+            "status": "completed",
+            "final_message_id": format_id("message", message.id),
+            "duration_ms": int((time.monotonic() - started) * 1000),
+            "tool_call_count": tool_count,
+        }
+        await checkpoint.finish_turn(
+            db,
+            session,
+            turn_id=turn_id,
+            outcome=EventSpec("turn.completed", data, turn_id=turn_id),
+            answer_next=unanswered,
+        )
+
+    async def _lock(
+        self, db: Write, session_id: uuid.UUID, turn_id: uuid.UUID
+    ) -> LockedSession:
+        """The session lock for a checkpoint of `turn_id`; TurnCancelled when the
+        session was deleted, a cancel was requested, or the turn is no longer the
+        session's (ended elsewhere: the checkpoint must not be written)."""
+        session = await sessions_service.lock_session(db, session_id)
+        if session is None or session.active_turn_id != turn_id:
+            raise TurnCancelled
+        if session.cancel_requested:
             raise TurnCancelled
         return session
 
@@ -487,11 +531,14 @@ class TurnRunner:
         await self.bus.publish(step.delta(part["part_id"], offset, text, event_type))
 
     async def _run_tool(
-        self, session_id: uuid.UUID, message_id: uuid.UUID, call: ToolCall
+        self,
+        session_id: uuid.UUID,
+        turn_id: uuid.UUID,
+        message: MessageRow,
+        call: ToolCall,
     ) -> dict[str, Any]:
         async with self.database.write() as db:
-            session = await self._lock(db, session_id)
-            message = await checkpoint.get_message_for_update(db, message_id)
+            session = await self._lock(db, session_id, turn_id)
             await checkpoint.tool_transition(
                 db, session, message, tool_call_id=call.id, status="running"
             )
@@ -505,8 +552,7 @@ class TurnRunner:
         except ModelError as exc:
             result, error, status = None, str(exc), "failed"
         async with self.database.write() as db:
-            session = await self._lock(db, session_id)
-            message = await checkpoint.get_message_for_update(db, message_id)
+            session = await self._lock(db, session_id, turn_id)
             await checkpoint.tool_transition(
                 db,
                 session,
@@ -528,9 +574,10 @@ class TurnRunner:
         outcome: EventSpec,
     ) -> None:
         """Discard the unfinished step, close the message with an error part and end the
-        turn, in one checkpoint."""
+        turn, in one checkpoint. The message is read again: the runner's copy may be
+        ahead of a checkpoint that failed."""
         async with self.database.write() as db:
-            session = await checkpoint.lock_session(db, session_id)
+            session = await sessions_service.lock_session(db, session_id)
             if session is None or session.active_turn_id != turn_id:
                 return
             if message_id is not None:
@@ -576,7 +623,7 @@ class TurnRunner:
 
     async def _recover_session(self, session_id: uuid.UUID) -> list[uuid.UUID]:
         async with self.database.write() as db:
-            session = await checkpoint.lock_session(db, session_id)
+            session = await sessions_service.lock_session(db, session_id)
             if session is None or session.active_turn_id is None:
                 return []
             turn_id = session.active_turn_id

@@ -5,16 +5,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import wire
 from app.db import models
-from app.db.outbox import WriteSession
 from app.db.types import utcnow
+from app.db.writes import LockedSession, Write
 from app.errors import SessionNotFound
 from app.ids import format_id, uuid7
-from app.messages.checkpoint import lock_session, note_wakeup
 from app.sessions import schemas
 
 DEFAULT_HARNESS_ID = "harness_" + uuid.UUID(int=1).hex
@@ -71,26 +70,50 @@ def session_wire(session: models.Session, base_url: str) -> dict[str, Any]:
 
 
 async def create_session(
-    db: AsyncSession, *, organization_id: uuid.UUID, data: schemas.SessionCreate
+    db: Write, *, organization_id: uuid.UUID, data: schemas.SessionCreate
 ) -> models.Session:
     now = utcnow()
     fields = data.model_dump(exclude_unset=True, exclude_none=True)
-    session = models.Session(
-        id=uuid7(),
-        organization_id=organization_id,
-        title=data.title,
-        status="started",
-        tags=data.tags or [],
-        attributes={k: v for k, v in fields.items() if k not in ("title", "tags")},
-        last_sequence=0,
-        visible_message_count=0,
-        internal_message_count=0,
-        created_at=now,
-        updated_at=now,
-        last_activity_at=now,
-    )
-    db.add(session)
-    await db.flush()
+    values: dict[str, Any] = {
+        "id": uuid7(),
+        "organization_id": organization_id,
+        "title": data.title,
+        "status": "started",
+        "tags": data.tags or [],
+        "attributes": {k: v for k, v in fields.items() if k not in ("title", "tags")},
+        "last_sequence": 0,
+        "last_input_sequence": 0,
+        "visible_message_count": 0,
+        "internal_message_count": 0,
+        "created_at": now,
+        "updated_at": now,
+        "last_activity_at": now,
+    }
+    conn = await db.core()
+    await conn.execute(insert(models.Session).values(values))
+    return models.Session(**values)
+
+
+def session_not_found(session_id: uuid.UUID) -> SessionNotFound:
+    """The 404 of a session that does not exist, was deleted, or belongs to another
+    organization (indistinguishable on purpose)."""
+    return SessionNotFound(f"Session {format_id('session', session_id)} not found")
+
+
+async def lock_session(db: Write, session_id: uuid.UUID) -> LockedSession | None:
+    """Take the session's row lock until the unit of work ends (PostgreSQL FOR UPDATE;
+    on SQLite the unit holds the database write lock, BEGIN IMMEDIATE) and read what
+    checkpoints need of the row. Checkpoints allocate sequences under this lock."""
+    return await db.lock_session(session_id)
+
+
+async def lock_owned_session(
+    db: Write, *, organization_id: uuid.UUID, session_id: uuid.UUID
+) -> LockedSession:
+    """Lock the session, or raise its 404 (also when it belongs to another organization)."""
+    session = await lock_session(db, session_id)
+    if session is None or session.organization_id != organization_id:
+        raise session_not_found(session_id)
     return session
 
 
@@ -114,7 +137,7 @@ async def get_session(
         db, organization_id=organization_id, session_id=session_id
     )
     if session is None:
-        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
+        raise session_not_found(session_id)
     return session
 
 
@@ -163,15 +186,30 @@ async def list_sessions(
 
 
 async def update_session(
-    db: AsyncSession,
+    db: Write,
     *,
     organization_id: uuid.UUID,
     session_id: uuid.UUID,
     data: schemas.SessionUpdate,
 ) -> models.Session:
-    session = await get_session(
-        db, organization_id=organization_id, session_id=session_id
+    conn = await db.core()
+    table = models.Session.__table__
+    row = (
+        (
+            await conn.execute(
+                select(table)
+                .where(table.c.id == session_id)
+                .where(table.c.organization_id == organization_id)
+                # Changes merge into `attributes`: no other update may interleave.
+                .with_for_update()
+            )
+        )
+        .mappings()
+        .one_or_none()
     )
+    if row is None:
+        raise session_not_found(session_id)
+    session = models.Session(**row)
     changes = data.model_dump(exclude_unset=True)
     if "title" in changes:
         session.title = changes["title"]
@@ -183,34 +221,48 @@ async def update_session(
             attributes[key] = changes[key]
     session.attributes = attributes
     session.updated_at = utcnow()
-    await db.flush()
+    await conn.execute(
+        update(models.Session)
+        .where(models.Session.id == session_id)
+        .values(
+            title=session.title,
+            tags=session.tags,
+            attributes=session.attributes,
+            updated_at=session.updated_at,
+        )
+    )
     return session
 
 
 async def delete_session(
-    db: WriteSession, *, organization_id: uuid.UUID, session_id: uuid.UUID
+    db: Write, *, organization_id: uuid.UUID, session_id: uuid.UUID
 ) -> None:
     """Delete the session with its messages and events (ON DELETE CASCADE); every
     process drops what it holds of it once the deletion commits."""
-    session = await get_session(
-        db, organization_id=organization_id, session_id=session_id
+    conn = await db.core()
+    deleted = await conn.execute(
+        delete(models.Session).where(
+            models.Session.id == session_id,
+            models.Session.organization_id == organization_id,
+        )
     )
-    await db.execute(delete(models.Session).where(models.Session.id == session.id))
-    db.outbox.delete(session.id)
+    if deleted.rowcount == 0:
+        raise session_not_found(session_id)
+    db.outbox.delete(session_id)
 
 
 async def cancel_turn(
-    db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID
+    db: Write, *, organization_id: uuid.UUID, session_id: uuid.UUID
 ) -> bool:
     """Ask the running turn to stop, wherever its runner lives: the request is durable
     (`cancel_requested_at`) and a wake-up reaches the runner through the bus. Returns
     False (no_op) when no turn runs. Idempotent."""
-    session = await lock_session(db, session_id)
-    if session is None or session.organization_id != organization_id:
-        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
+    session = await lock_owned_session(
+        db, organization_id=organization_id, session_id=session_id
+    )
     if session.active_turn_id is None:
         return False
-    if session.cancel_requested_at is None:
-        session.cancel_requested_at = utcnow()
-        note_wakeup(db, session.id, session.last_sequence)
+    if not session.cancel_requested:
+        await db.request_cancel(session.id, utcnow())
+        db.outbox.wake(session.id, session.last_sequence)
     return True
