@@ -209,6 +209,8 @@ class PgBus(Bus):
         self._listener: asyncpg.Connection | None = None
         self._sender: asyncpg.Connection | None = None
         self._send_lock = asyncio.Lock()
+        # NOTIFY payloads waiting for the sender connection.
+        self._pending: list[str] = []
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
         # While PostgreSQL refuses the notify connection, live items are dropped without
@@ -293,18 +295,22 @@ class PgBus(Bus):
     async def publish(self, item: BusItem) -> None:
         if time.monotonic() < self._sender_retry_at:
             return
-        payloads = split_payload(item)
+        self._pending.extend(payload.decode() for payload in split_payload(item))
         async with self._send_lock:
+            # Whoever holds the lock sends everything queued so far, in order, in one
+            # round trip; a publisher that queued behind it finds its items sent.
+            if not self._pending:
+                return
+            batch, self._pending = self._pending, []
             try:
                 if self._sender is None or self._sender.is_closed():
                     self._sender = await asyncpg.connect(
                         self._dsn,
                         server_settings={"application_name": "evermirror-notify"},
                     )
-                for payload in payloads:
-                    await self._sender.execute(
-                        "SELECT pg_notify($1, $2)", CHANNEL, payload.decode()
-                    )
+                await self._sender.executemany(
+                    "SELECT pg_notify($1, $2)", [(CHANNEL, p) for p in batch]
+                )
             except (
                 OSError,
                 asyncpg.PostgresError,
@@ -316,6 +322,7 @@ class PgBus(Bus):
                 # dropped, and subscribers converge on the next committed snapshot.
                 log.warning("bus publish failed, live items dropped for 0.5 s: %s", exc)
                 self._sender_retry_at = time.monotonic() + 0.5
+                self._pending.clear()
                 if self._sender is not None and not self._sender.is_closed():
                     self._sender.terminate()
                 self._sender = None
