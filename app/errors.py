@@ -146,22 +146,18 @@ def _describe(errors: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def app_error_response(exc: AppError, path: str) -> Response:
+async def _app_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, AppError)
     return problem_response(
         exc.status,
         detail=exc.detail,
         code=exc.code,
         title=exc.title,
-        instance=path,
+        instance=request.url.path,
         retry_after_seconds=exc.retry_after_seconds,
         # RFC 9110: a 401 names the scheme the client should use.
         headers={"WWW-Authenticate": "Bearer"} if exc.status == 401 else None,
     )
-
-
-async def _app_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, AppError)
-    return app_error_response(exc, request.url.path)
 
 
 async def _validation_error(request: Request, exc: Exception) -> Response:

@@ -6,10 +6,9 @@ framework state.
 
 A request is served here only when everything about it is plain: a well-formed id, a
 query of known parameters in canonical form, a caller whose organization is already
-known (open mode or a cached key), no CORS to apply. Anything else goes on to FastAPI,
-which answers it (errors included) exactly as the OpenAPI contract says; an AppError
-raised here (an unknown session, a refused cursor) gets the answer FastAPI's handler
-would give. Both paths run the same service functions, so
+known (open mode or a cached key), no CORS to apply. Anything else, and any session
+this process cannot find, goes on to FastAPI, which answers it (errors included)
+exactly as the OpenAPI contract says. Both paths run the same service functions, so
 they answer the same bytes; what this path does itself is what the middleware would:
 an `X-Request-Id`, the rate limit, and problem+json for a failure.
 """
@@ -21,7 +20,7 @@ from urllib.parse import parse_qsl
 
 from starlette.types import Receive, Scope, Send
 
-from app.errors import AppError, app_error_response, failure_response, next_request_id
+from app.errors import AppError, NotFound, failure_response, next_request_id
 from app.guards import RateLimiter
 from app.live import service as live_service
 from app.live.response import EventStreamResponse
@@ -104,14 +103,6 @@ class HotRoutes:
         request = Hot(next_request_id())
         try:
             return await self._serve(self.state, request, scope, receive, send)
-        except AppError as exc:
-            # The same answer FastAPI's handler gives, without doing the work again.
-            if request.started:
-                raise
-            response = app_error_response(exc, scope["path"])
-            response.raw_headers.append(request.id_header)
-            await response(scope, receive, send)
-            return True
         except Exception as exc:
             if request.started:
                 raise
@@ -182,13 +173,16 @@ class HotRoutes:
         if len(parts) == 6:
             if not MESSAGE_ID.match(parts[5]) or scope["query_string"]:
                 return False
-            body = await service.get_message(
-                state.reads,
-                state.cache,
-                organization_id=org,
-                session_id=session_id,
-                message_id=uuid.UUID(hex=parts[5][8:]),
-            )
+            try:
+                body = await service.get_message(
+                    state.reads,
+                    state.cache,
+                    organization_id=org,
+                    session_id=session_id,
+                    message_id=uuid.UUID(hex=parts[5][8:]),
+                )
+            except NotFound:
+                return False
             await request.send(send, 200, [JSON_HEADER], body)
             return True
         settings = state.settings
@@ -199,14 +193,17 @@ class HotRoutes:
         )
         if query is None:
             return False
-        etag, page = await service.list_messages(
-            state.reads,
-            state.cache,
-            organization_id=org,
-            session_id=session_id,
-            query=query,
-            if_none_match=if_none_match,
-        )
+        try:
+            etag, page = await service.list_messages(
+                state.reads,
+                state.cache,
+                organization_id=org,
+                session_id=session_id,
+                query=query,
+                if_none_match=if_none_match,
+            )
+        except NotFound:
+            return False
         etag_header = (b"etag", etag.encode())
         if page is None:
             await request.send(send, 304, [etag_header], b"")
@@ -247,16 +244,19 @@ async def _open_upstream(
             return None
         after_sequence = int(text)
     since = query.get("since_id")
-    return await live_service.open_upstream(
-        state,
-        organization_id=org,
-        session_id=session_id,
-        since_id=since[0] if since else None,
-        after_sequence=after_sequence,
-        types=query.get("types", ()),
-        exclude=query.get("exclude", ()),
-        last_event_id=last_event_id,
-    )
+    try:
+        return await live_service.open_upstream(
+            state,
+            organization_id=org,
+            session_id=session_id,
+            since_id=since[0] if since else None,
+            after_sequence=after_sequence,
+            types=query.get("types", ()),
+            exclude=query.get("exclude", ()),
+            last_event_id=last_event_id,
+        )
+    except AppError:
+        return None
 
 
 async def _open_mutations(
@@ -273,11 +273,14 @@ async def _open_mutations(
     if internal not in ("true", "false"):
         return None
     after = query.get("after")
-    return await live_service.open_mutations(
-        state,
-        organization_id=org,
-        session_id=session_id,
-        after=after[0] if after else None,
-        include_internal=internal == "true",
-        last_event_id=last_event_id,
-    )
+    try:
+        return await live_service.open_mutations(
+            state,
+            organization_id=org,
+            session_id=session_id,
+            after=after[0] if after else None,
+            include_internal=internal == "true",
+            last_event_id=last_event_id,
+        )
+    except AppError:
+        return None
