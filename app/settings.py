@@ -80,7 +80,7 @@ class Settings(BaseSettings):
     scripted_delay_ms: int = 20
     # PostgreSQL: how often a node sweeps for turns whose runner died, and how long a
     # runner must have gone without renewing its lease before another node takes the
-    # turn over. The lease is renewed every fifth of it.
+    # turn over. The lease is renewed every fifth of it (at least once a second).
     runner_sweep_seconds: float = 5.0
     # How long a runner keeps trying to regain a lost lease, or to write a checkpoint
     # while the database is unavailable, before it gives the turn up.
@@ -109,8 +109,9 @@ class Settings(BaseSettings):
 
     @property
     def runner_renew_seconds(self) -> float:
-        """How often the node holding a runner lease renews it."""
-        return max(self.runner_sweep_seconds / 5, 0.1)
+        """How often the node holding a runner lease renews it: start-up takes over the
+        turns left unrenewed for two of these."""
+        return min(max(self.runner_sweep_seconds / 5, 0.1), 1.0)
 
 
 @lru_cache

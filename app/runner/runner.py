@@ -855,6 +855,12 @@ class TurnRunner:
             return [m.id for m in messages]
 
     async def _sweep(self) -> None:
+        # Start-up recovered what had gone unrenewed for two renewal periods; a turn of
+        # a process that died just before this one started is seen one pass later.
+        startup = 2 * self.settings.runner_renew_seconds
+        await asyncio.sleep(startup)
+        with contextlib.suppress(Exception):
+            await self.recover(grace_seconds=startup)
         grace = self.settings.runner_sweep_seconds
         while True:
             await asyncio.sleep(grace)
