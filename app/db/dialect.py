@@ -1,4 +1,5 @@
-"""Dialect-specific helpers. Runner leases: one runner per session across processes."""
+"""Dialect-specific helpers: a JSON text lookup in SQL, and runner leases (one runner
+per session across processes)."""
 
 import asyncio
 import contextlib
@@ -6,9 +7,14 @@ import enum
 import logging
 import time
 import uuid
+from typing import Any
 
 import asyncpg
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.types import Text
 
 from app.db.types import utcnow
 
@@ -22,6 +28,32 @@ LEASE_CONNECTION_ERRORS = (
     asyncpg.InterfaceError,
     asyncpg.exceptions.OperatorInterventionError,
 )
+
+
+class json_text(FunctionElement[str]):
+    """The text at `path` inside a JSON document stored as text (NULL if absent):
+    `json_text(models.Event.body, "data", "tool_name")`."""
+
+    type = Text()
+    inherit_cache = True
+
+    def __init__(self, document: Any, *path: str) -> None:
+        self.path = path
+        super().__init__(document)
+
+
+@compiles(json_text, "postgresql")
+def _json_text_pg(element: json_text, compiler: SQLCompiler, **kw: Any) -> str:
+    document = compiler.process(element.clauses, **kw)
+    keys = ", ".join(compiler.render_literal_value(k, Text()) for k in element.path)
+    return f"jsonb_extract_path_text(CAST({document} AS jsonb), {keys})"
+
+
+@compiles(json_text, "sqlite")
+def _json_text_sqlite(element: json_text, compiler: SQLCompiler, **kw: Any) -> str:
+    document = compiler.process(element.clauses, **kw)
+    path = compiler.render_literal_value("$." + ".".join(element.path), Text())
+    return f"json_extract({document}, {path})"
 
 
 def lease_key(session_id: uuid.UUID) -> int:
