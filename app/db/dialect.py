@@ -176,9 +176,9 @@ class PgLeases(Leases):
         return self._conn
 
     async def _keep(self) -> None:
-        """Renew the held sessions (and so check the connection) every renew_seconds.
-        Sessions whose row a checkpoint holds are skipped: that checkpoint renews them
-        (it sets last_activity_at)."""
+        """Renew the held sessions that run a turn (and so check the connection) every
+        renew_seconds. Sessions whose row a checkpoint holds are skipped: that
+        checkpoint renews them (it sets last_activity_at)."""
         while True:
             await asyncio.sleep(self.renew_seconds)
             try:
@@ -187,7 +187,7 @@ class PgLeases(Leases):
                     await conn.execute(
                         "UPDATE sessions SET runner_renewed_at = $2 WHERE id IN ("
                         " SELECT id FROM sessions WHERE id = ANY($1::uuid[])"
-                        " FOR UPDATE SKIP LOCKED)",
+                        " AND active_turn_id IS NOT NULL FOR UPDATE SKIP LOCKED)",
                         list(self.held),
                         utcnow(),
                         timeout=max(self.renew_seconds * 4, 2.0),
