@@ -90,6 +90,12 @@ class Leases:
     def holds(self, session_id: uuid.UUID) -> bool:
         return session_id in self.held
 
+    async def settled(self, seconds: float) -> bool:
+        """Whether this process's lease connection has been up for `seconds`: only then
+        can it judge other runners by their renewals (after a database restart they
+        all went unrenewed while it was down)."""
+        return time.monotonic() - self.connected_at >= seconds
+
     async def try_acquire(self, session_id: uuid.UUID) -> bool:
         if session_id in self.held:
             return False
@@ -198,6 +204,11 @@ class PgLeases(Leases):
                 self._drop()
             except asyncpg.PostgresError as exc:
                 log.warning("renewing runner leases failed: %s", exc)
+
+    async def settled(self, seconds: float) -> bool:
+        async with self._lock:
+            await self._connection()
+        return await super().settled(seconds)
 
     async def try_acquire(self, session_id: uuid.UUID) -> bool:
         async with self._lock:

@@ -298,8 +298,10 @@ class TurnRunner:
                 raise LeaseLost("another runner took the session over")
             if time.monotonic() >= deadline:
                 raise LeaseLost("the lease could not be regained in time")
+            # Retried at least once a renewal period: well within the grace other
+            # nodes give a runner before taking its turn over.
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            delay = min(delay * 2, self.settings.runner_renew_seconds)
 
     async def _publish(
         self, session_id: uuid.UUID, item: PartStarted | LiveDelta
@@ -864,12 +866,12 @@ class TurnRunner:
         grace = self.settings.runner_sweep_seconds
         while True:
             await asyncio.sleep(grace)
-            # Just after this node's lease connection came back (a database restart),
-            # every other runner's renewals look stale too: give them a whole grace
-            # period to regain their leases first.
-            if time.monotonic() - self.leases.connected_at < grace:
-                continue
             try:
+                # Just after this node's lease connection came back (a database
+                # restart), every other runner's renewals look stale too: give them a
+                # whole grace period to regain their leases first.
+                if not await self.leases.settled(grace):
+                    continue
                 await self.recover(grace_seconds=grace)
             except Exception as exc:
                 log.warning("runner sweep failed: %s", exc)
