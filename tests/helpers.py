@@ -209,8 +209,9 @@ def assert_problem(
     detail: str | None = None,
     code: str | None = None,
 ) -> dict[str, Any]:
-    """The response is problem+json with `title` and `status`, no null fields, and the
-    optional members consistent with each other."""
+    """The response is problem+json with `title`, `status`, `code`, `type` and the
+    `error` extension member, no null fields, and the optional members consistent
+    with each other."""
     context = f"{response.request.method} {response.request.url} -> {response.status_code} {response.text}"
     assert response.status_code == status, context
     media_type = response.headers["content-type"].split(";")[0].strip()
@@ -223,9 +224,13 @@ def assert_problem(
     assert "Traceback" not in response.text, context
     if "detail" in body:
         assert isinstance(body["detail"], str) and body["detail"], context
-    if "code" in body:
-        assert re.fullmatch(r"[a-z][a-z0-9_]*", body["code"]), context
-        assert body.get("type") == ERROR_TYPE_BASE + body["code"], context
+    # Every problem has a code and its type, and the `error` member the SDKs read.
+    assert re.fullmatch(r"[a-z][a-z0-9_]*", body["code"]), context
+    assert body["type"] == ERROR_TYPE_BASE + body["code"], context
+    assert body["error"] == {
+        "code": body["code"],
+        "message": body.get("detail", body["title"]),
+    }, context
     if "instance" in body:
         assert body["instance"] == response.request.url.path, context
     if detail is not None:

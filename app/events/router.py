@@ -5,8 +5,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from app import wire
-from app.deps import OrgId, ReadDb, SessionId
-from app.errors import InvalidRequest, problem_responses
+from app.deps import OrgId, ReadDb, SessionId, StateDep
+from app.errors import InvalidParameter, problem_responses
 from app.events import schemas, service
 from app.events.types import MAX_TYPE_FILTERS, VALID_EVENT_TYPES, validate_types
 from app.ids import parse_or_400
@@ -62,11 +62,13 @@ async def list_events(
     ] = None,
 ) -> Response:
     """Durable events oldest first. Deltas are live only and never listed. With `limit`,
-    the last N matching events and an `X-Total-Count` header."""
+    the last N matching events and an `X-Total-Count` header. A page whose events
+    would pass MAX_LIST_BYTES ends early with `has_more` and the cursor to continue
+    from (`next_after_sequence`, or `next_before_sequence` with `limit`)."""
     type_filter = validate_types("types", types)
     exclude_filter = validate_types("exclude", exclude)
     if since_id is not None and after_sequence is not None:
-        raise InvalidRequest("since_id and after_sequence are mutually exclusive")
+        raise InvalidParameter("since_id and after_sequence are mutually exclusive")
     event_id = (
         parse_or_400("event", "event", since_id) if since_id is not None else None
     )

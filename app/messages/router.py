@@ -6,7 +6,7 @@ from fastapi import APIRouter, Header, Path, Query, Response
 
 from app import guards, wire
 from app.deps import OrgId, SessionId, StateDep, WriteDb
-from app.errors import BODY_PROBLEMS, InvalidRequest, problem_responses
+from app.errors import BODY_PROBLEMS, InvalidParameter, problem_responses
 from app.ids import parse_or_400
 from app.messages import schemas, service
 from app.schemas import MAX_INT32
@@ -68,12 +68,13 @@ async def list_messages(
     if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
 ) -> Response:
     """Messages oldest first within a page; without `before_sequence` the newest page.
-    Walk older history with `next_before_sequence`. Pages never split a message.
-    Responses carry an `ETag`; polling with `If-None-Match` answers `304` until the
-    session changes."""
+    Walk older history with `next_before_sequence`. Pages never split a message; a
+    page whose messages would pass MAX_LIST_BYTES holds the newest that fit, with
+    `has_more` and `next_before_sequence` for the rest. Responses carry an `ETag`;
+    polling with `If-None-Match` (or `*`) answers `304` until the session changes."""
     settings = state.settings
     if limit is not None and limit < 1:
-        raise InvalidRequest("limit: must be at least 1")
+        raise InvalidParameter("limit: must be at least 1")
     page_size = min(limit or settings.messages_page_default, settings.messages_page_max)
     etag, body = await service.list_messages(
         state.reads,

@@ -4,33 +4,47 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from app.schemas import InputSchema, Schema
+from app.schemas import (
+    FREE_JSON_NOTE,
+    LONG_TEXT_NOTE,
+    MAX_ITERATIONS,
+    InputSchema,
+    Label,
+    Schema,
+    Tags,
+    Title,
+)
 
 SessionStatus = Literal["started", "active", "idle", "waitingfortoolresults"]
 
 
+# Strings and numbers also pass app/schemas.check_value; goal and system_prompt are
+# capped by MAX_TEXT_CHARS, metadata and hints by MAX_JSON_BYTES and MAX_JSON_DEPTH
+# (settings, checked by app/guards.py).
+
+
 class SessionCreate(InputSchema):
-    title: str | None = Field(default=None, max_length=1000)
-    tags: list[str] | None = None
-    hints: dict[str, Any] | None = None
-    locale: str | None = None
+    title: Title | None = None
+    tags: Tags | None = None
+    hints: dict[str, Any] | None = Field(default=None, description=FREE_JSON_NOTE)
+    locale: Label | None = None
     model_id: str | None = Field(default=None, pattern=r"^model_[0-9a-f]{32}$")
-    goal: str | None = None
-    system_prompt: str | None = None
+    goal: str | None = Field(default=None, description=LONG_TEXT_NOTE)
+    system_prompt: str | None = Field(default=None, description=LONG_TEXT_NOTE)
     agent_id: str | None = Field(default=None, pattern=r"^agent_[0-9a-f]{32}$")
-    agent_name: str | None = None
+    agent_name: Label | None = None
     harness_id: str | None = Field(default=None, pattern=r"^harness_[0-9a-f]{32}$")
-    harness_name: str | None = None
-    metadata: dict[str, Any] | None = None
-    max_iterations: int | None = Field(default=None, ge=1)
+    harness_name: Label | None = None
+    metadata: dict[str, Any] | None = Field(default=None, description=FREE_JSON_NOTE)
+    max_iterations: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
     source: Literal["chat", "api"] | None = None
 
 
 class SessionUpdate(InputSchema):
-    title: str | None = Field(default=None, max_length=1000)
-    tags: list[str] | None = None
-    goal: str | None = None
-    locale: str | None = None
+    title: Title | None = None
+    tags: Tags | None = None
+    goal: str | None = Field(default=None, description=LONG_TEXT_NOTE)
+    locale: Label | None = None
 
 
 class Session(Schema):
