@@ -200,6 +200,7 @@ class HotRoutes:
                 organization_id=org,
                 session_id=session_id,
                 query=query,
+                max_bytes=settings.max_list_bytes,
                 if_none_match=if_none_match,
             )
         except NotFound:

@@ -45,6 +45,7 @@ async def list_events(
     session_id: SessionId,
     db: ReadDb,
     org: OrgId,
+    state: StateDep,
     since_id: Annotated[
         str | None,
         Query(
@@ -76,7 +77,12 @@ async def list_events(
         after_sequence, before_sequence, type_filter, exclude_filter, limit
     )
     body, total = await service.list_events(
-        db, organization_id=org, session_id=session_id, since_id=event_id, flt=flt
+        db,
+        organization_id=org,
+        session_id=session_id,
+        since_id=event_id,
+        flt=flt,
+        max_bytes=state.settings.max_list_bytes,
     )
     headers = {"X-Total-Count": str(total)} if total is not None else {}
     return wire.json_response(body, headers=headers)

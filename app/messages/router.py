@@ -82,6 +82,7 @@ async def list_messages(
         organization_id=org,
         session_id=session_id,
         query=service.PageQuery(page_size, before_sequence, include_internal),
+        max_bytes=settings.max_list_bytes,
         if_none_match=if_none_match,
     )
     if body is None:

@@ -105,11 +105,19 @@ def cached_page(
 
 
 def render_page(
-    head: SessionHead, rows: list[tuple[int, bytes]], query: PageQuery
+    head: SessionHead, rows: list[tuple[int, bytes]], query: PageQuery, max_bytes: int
 ) -> bytes:
-    """The page envelope around stored snapshots (`rows` newest first, up to limit+1)."""
-    has_more = len(rows) > query.limit
+    """The page envelope around stored snapshots (`rows` newest first, up to limit+1).
+    Snapshots that would take the page past `max_bytes` are left to older pages: the
+    page then holds the newest that fit, with `has_more` and `next_before_sequence`."""
     page = rows[: query.limit]
+    used = 1
+    for index, (_, snapshot) in enumerate(page):
+        used += len(snapshot) + 1
+        if index and used > max_bytes:
+            del page[index:]
+            break
+    has_more = len(rows) > len(page)
     page.reverse()
     total = head.visible_message_count + (
         head.internal_message_count if query.include_internal else 0
@@ -136,6 +144,7 @@ async def list_messages(
     organization_id: uuid.UUID,
     session_id: uuid.UUID,
     query: PageQuery,
+    max_bytes: int,
     if_none_match: str | None = None,
 ) -> tuple[str, bytes | None]:
     """One page of messages, oldest first, the newest page when no cursor is given.
@@ -159,7 +168,7 @@ async def list_messages(
         raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
     head = result.head
     etag = etag_for(head.last_sequence, query)
-    body = render_page(head, result.rows, query)
+    body = render_page(head, result.rows, query, max_bytes)
     if query.before_sequence is None:
         cache.store_page(
             session_id,
