@@ -9,7 +9,13 @@ from typing import Any
 from app import wire
 from app.db.reads import Reads, SessionHead
 from app.db.writes import Write
-from app.errors import InvalidRequest, MessageNotFound, SessionNotFound
+from app.errors import (
+    ClientMessageIdConflict,
+    InvalidRequest,
+    MessageNotFound,
+    SessionNotFound,
+    clip,
+)
 from app.ids import format_id
 from app.messages import checkpoint, schemas
 from app.messages.cache import CachedPage, PageCache
@@ -25,18 +31,44 @@ async def create_message(
 ) -> bytes:
     """Store a user message and return its snapshot with `delivery`.
 
-    Under the session row lock: a repeated `client_message_id` returns the stored message
-    as `duplicate` and writes nothing; otherwise the message starts a turn on an idle
+    Under the session row lock: a repeated `client_message_id` with the same body
+    returns the stored message as `duplicate` and writes nothing (with another body it
+    is ClientMessageIdConflict); otherwise the message starts a turn on an idle
     session (`started`) or joins the running one (`steered`)."""
     if data.message.role != "user":
         raise InvalidRequest("Only user messages can be created through this endpoint")
     session = await sessions_service.lock_owned_session(
         db, organization_id=organization_id, session_id=session_id
     )
+    content = [part.model_dump(exclude_none=True) for part in data.message.content]
+    extra = _extra(data)
     if data.client_message_id is not None:
         stored = await db.snapshot_by_client_id(session_id, data.client_message_id)
         if stored is not None:
+            _check_same_request(
+                wire.loads(stored), data.client_message_id, content, data, extra
+            )
             return wire.with_field(stored, "delivery", "duplicate")
+    was_running = session.active_turn_id is not None
+    result, _turn_id = await checkpoint.append_user_message(
+        db,
+        session,
+        content=content,
+        visibility=data.message.visibility,
+        extra=extra,
+        client_message_id=data.client_message_id,
+        start_turn=True,
+    )
+    if not was_running:
+        db.outbox.kick(session_id)
+    assert result.message is not None
+    return wire.with_field(
+        result.message.snapshot, "delivery", "steered" if was_running else "started"
+    )
+
+
+def _extra(data: schemas.MessageCreate) -> dict[str, Any]:
+    """The stored message fields a request sets besides its content."""
     extra: dict[str, Any] = {}
     if data.controls is not None:
         extra["controls"] = data.controls.model_dump(exclude_none=True)
@@ -49,22 +81,52 @@ async def create_message(
         extra["metadata"] = metadata
     if data.external_actor is not None:
         extra["external_actor"] = data.external_actor.model_dump(exclude_none=True)
-    was_running = session.active_turn_id is not None
-    result, _turn_id = await checkpoint.append_user_message(
-        db,
-        session,
-        content=[part.model_dump(exclude_none=True) for part in data.message.content],
-        visibility=data.message.visibility,
-        extra=extra,
-        client_message_id=data.client_message_id,
-        start_turn=True,
-    )
-    if not was_running:
-        db.outbox.kick(session_id)
-    assert result.message is not None
-    return wire.with_field(
-        result.message.snapshot, "delivery", "steered" if was_running else "started"
-    )
+    return extra
+
+
+# What checkpoints add to a user's parts: their identity within the message.
+PART_IDENTITY = ("part_id", "sequence")
+
+
+def _check_same_request(
+    stored: dict[str, Any],
+    client_message_id: str,
+    content: list[dict[str, Any]],
+    data: schemas.MessageCreate,
+    extra: dict[str, Any],
+) -> None:
+    """A repeated `client_message_id` is a retry only if the request is the same one:
+    the stored message (a user message never changes) must be what this request
+    would store. Otherwise 409, naming the fields that differ."""
+    stored_content = [
+        {k: v for k, v in part.items() if k not in PART_IDENTITY}
+        for part in stored["content"]
+    ]
+    # Tags are stored inside metadata: name whichever of the two differs.
+    stored_metadata = dict(stored.get("metadata") or {})
+    metadata = dict(extra.get("metadata") or {})
+    stored_tags, tags = stored_metadata.pop("tags", None), metadata.pop("tags", None)
+    differing = [
+        name
+        for name, same in (
+            ("message.content", stored_content == content),
+            ("message.visibility", stored["visibility"] == data.message.visibility),
+            ("controls", stored.get("controls") == extra.get("controls")),
+            ("metadata", stored_metadata == metadata),
+            ("tags", stored_tags == tags),
+            (
+                "external_actor",
+                stored.get("external_actor") == extra.get("external_actor"),
+            ),
+        )
+        if not same
+    ]
+    if differing:
+        raise ClientMessageIdConflict(
+            f"client_message_id '{clip(client_message_id, 200)}' was already used "
+            f"by message {stored['id']} with a different body ({', '.join(differing)} "
+            "differ); send the same body to retry, or a new client_message_id"
+        )
 
 
 def etag_for(last_sequence: int, query: "PageQuery") -> str:
