@@ -171,7 +171,12 @@ class HotRoutes:
             await opened(scope, receive, send)
             return True
         if len(parts) == 6:
-            if not MESSAGE_ID.match(parts[5]) or scope["query_string"]:
+            # A conditional GET of one message (`If-None-Match: *`) is FastAPI's.
+            if (
+                not MESSAGE_ID.match(parts[5])
+                or scope["query_string"]
+                or if_none_match is not None
+            ):
                 return False
             try:
                 body = await service.get_message(

@@ -13,6 +13,7 @@ from starlette.types import Receive, Scope, Send
 
 from app import __doc__ as app_doc
 from app.auth import KeyResolver
+from app.conditional import IfNoneMatchStarMiddleware
 from app.db.migrate import upgrade
 from app.db.reads import create_reads
 from app.db.session import Database
@@ -132,10 +133,15 @@ def create_app(settings: Settings | None = None) -> Service:
         description=(app_doc or "").strip(),
         lifespan=lifespan,
         generate_unique_id_function=operation_id,
+        # `/v1/sessions/` is a problem+json 404 that names the route without the
+        # slash, not a 307: a redirect makes clients resend bodies and credentials.
+        redirect_slashes=False,
     )
     install_error_handlers(app)
     app.hot = hot
-    # Added innermost first: request context -> CORS -> rate limit -> body guard -> routes.
+    # Added innermost first: request context -> CORS -> rate limit -> body guard ->
+    # If-None-Match: * -> routes.
+    app.add_middleware(IfNoneMatchStarMiddleware)
     app.add_middleware(BodyGuardMiddleware, max_body_bytes=settings.max_body_bytes)
     if limiter is not None:
         app.add_middleware(RateLimitMiddleware, limiter=limiter)
