@@ -33,6 +33,7 @@ from app.live.router import router as live_router
 from app.messages.cache import PageCache
 from app.messages.router import router as messages_router
 from app.runner.runner import TurnRunner
+from app.schemas import JSON_VALUE_SCHEMA
 from app.sessions.router import router as sessions_router
 from app.settings import Settings, get_settings
 from app.state import AppState
@@ -168,7 +169,9 @@ def create_app(settings: Settings | None = None) -> Service:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = drop_framework_422(framework_openapi())
+            schema = drop_framework_422(framework_openapi())
+            schema["components"]["schemas"]["JsonValue"] = JSON_VALUE_SCHEMA
+            app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

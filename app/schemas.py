@@ -14,6 +14,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    WithJsonSchema,
     field_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -21,9 +22,10 @@ from pydantic_core import PydanticCustomError
 # Sequences and offsets are int32 (upstream's `format: int32`, PostgreSQL `integer`):
 # a larger query value is a 400, not a database overflow.
 MAX_INT32 = 2**31 - 1
-# Integers inside free-form JSON (metadata, hints): what every JSON encoder and both
-# databases hold exactly. orjson refuses anything wider, so a larger one would fail
-# only when the stored value is rendered.
+# Numbers inside free-form JSON (metadata, hints) lie within signed 64 bits. orjson
+# refuses a wider integer, so it would fail only when the stored value is rendered;
+# and PostgreSQL's jsonb prints numbers without an exponent, so a float of 1e19 is
+# read back as the integer 10000000000000000000, which fails the same way.
 MIN_INT64 = -(2**63)
 MAX_INT64 = 2**63 - 1
 
@@ -46,8 +48,27 @@ MAX_ITERATIONS = 1000
 LONG_TEXT_NOTE = "At most MAX_TEXT_CHARS characters (a setting; default 200,000)."
 FREE_JSON_NOTE = (
     "Free-form JSON: at most MAX_JSON_BYTES encoded (default 32,768) and "
-    "MAX_JSON_DEPTH levels deep (default 16); integers within signed 64 bits."
+    "MAX_JSON_DEPTH levels deep (default 16); numbers within signed 64 bits."
 )
+# The OpenAPI document's `JsonValue` component (added by app/main.py): any JSON value
+# the layer accepts, so that what a schema-driven client generates is accepted.
+JSON_VALUE_REF = "#/components/schemas/JsonValue"
+JSON_VALUE_SCHEMA: dict[str, Any] = {
+    "description": "A JSON value; numbers within signed 64 bits, strings without "
+    "U+0000 or lone surrogates.",
+    "anyOf": [
+        {"type": "string", "pattern": "^[^\\u0000]*$"},
+        {"type": "number", "minimum": MIN_INT64, "maximum": MAX_INT64},
+        {"type": "boolean"},
+        {"type": "null"},
+        {"type": "array", "items": {"$ref": JSON_VALUE_REF}},
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[^\\u0000]*$"},
+            "additionalProperties": {"$ref": JSON_VALUE_REF},
+        },
+    ],
+}
 
 
 def _error(kind: str, message: str, where: list[str | int]) -> PydanticCustomError:
@@ -75,7 +96,7 @@ def _check_string(value: str, where: list[str | int]) -> None:
 def check_value(value: Any) -> Any:
     """Walk a decoded request value (iteratively: JSON nests deeper than Python's
     recursion limit) and refuse what cannot be stored and served back: NUL and lone
-    surrogates in strings and object keys, integers beyond signed 64 bits, NaN and
+    surrogates in strings and object keys, numbers beyond signed 64 bits, NaN and
     Infinity (Python's JSON parser accepts them; they would be stored as null).
     Nested models validate their own fields."""
     stack: list[tuple[Any, list[str | int]]] = [(value, [])]
@@ -85,18 +106,17 @@ def check_value(value: Any) -> Any:
             _check_string(item, where)
         elif isinstance(item, bool) or item is None or isinstance(item, BaseModel):
             continue
-        elif isinstance(item, int):
-            if not MIN_INT64 <= item <= MAX_INT64:
-                raise _error(
-                    "int64_range",
-                    f"must be an integer from {MIN_INT64} to {MAX_INT64}",
-                    where,
-                )
-        elif isinstance(item, float):
-            if not math.isfinite(item):
+        elif isinstance(item, int | float):
+            if isinstance(item, float) and not math.isfinite(item):
                 raise _error(
                     "finite_number",
                     "must be a finite number, not NaN or Infinity",
+                    where,
+                )
+            if not MIN_INT64 <= item <= MAX_INT64:
+                raise _error(
+                    "number_range",
+                    f"must be a number from {MIN_INT64} to {MAX_INT64}",
                     where,
                 )
         elif isinstance(item, dict):
@@ -146,6 +166,18 @@ Label = Annotated[str, StorableText, Field(max_length=MAX_LABEL_CHARS)]
 Url = Annotated[str, StorableText, Field(max_length=MAX_URL_CHARS)]
 Tag = Annotated[str, StorableText, Field(max_length=MAX_TAG_CHARS)]
 Tags = Annotated[list[Tag], Field(max_length=MAX_TAGS)]
+# Free-form JSON objects (metadata, hints): checked by check_value like every field;
+# documented as objects of JsonValue.
+JsonObject = Annotated[
+    dict[str, Any],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[^\\u0000]*$"},
+            "additionalProperties": {"$ref": JSON_VALUE_REF},
+        }
+    ),
+]
 ClientMessageId = Annotated[
     str, StorableText, Field(min_length=1, max_length=MAX_CLIENT_MESSAGE_ID_CHARS)
 ]

@@ -158,15 +158,35 @@ async def list_messages(
     return body
 
 
+async def all_messages(
+    client: httpx.AsyncClient, session_id: str, **params: Any
+) -> list[dict[str, Any]]:
+    """Every message, oldest first, walking back page by page (a page also ends early
+    at MAX_LIST_BYTES)."""
+    messages: list[dict[str, Any]] = []
+    while True:
+        page = await list_messages(client, session_id, **params)
+        messages[:0] = page["data"]
+        if not page["has_more"]:
+            return messages
+        params = {**params, "before_sequence": page["next_before_sequence"]}
+
+
 async def list_events(
     client: httpx.AsyncClient, session_id: str
 ) -> list[dict[str, Any]]:
-    response = await client.get(
-        f"/v1/sessions/{session_id}/events", params={"limit": 1000}
-    )
-    assert response.status_code == 200, response.text
-    data: list[dict[str, Any]] = response.json()["data"]
-    return data
+    """Every durable event, oldest first, following the cursor of a list that
+    MAX_LIST_BYTES ended early."""
+    events: list[dict[str, Any]] = []
+    params: dict[str, Any] = {}
+    while True:
+        response = await client.get(f"/v1/sessions/{session_id}/events", params=params)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        events.extend(body["data"])
+        if not body.get("has_more"):
+            return events
+        params = {"after_sequence": body["next_after_sequence"]}
 
 
 async def wait_idle(

@@ -10,6 +10,7 @@ from app.schemas import (
     LONG_TEXT_NOTE,
     ClientMessageId,
     InputSchema,
+    JsonObject,
     Label,
     Schema,
     Tags,
@@ -86,7 +87,7 @@ class Controls(InputSchema):
     model_id: str | None = Field(default=None, pattern=r"^model_[0-9a-f]{32}$")
     reasoning: ReasoningControls | None = None
     locale: Label | None = None
-    hints: dict[str, Any] | None = Field(default=None, description=FREE_JSON_NOTE)
+    hints: JsonObject | None = Field(default=None, description=FREE_JSON_NOTE)
     error_disclosure: Literal["generic", "standard", "detailed"] | None = None
     speed: Label | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
@@ -96,13 +97,13 @@ class ExternalActor(InputSchema):
     actor_id: Label
     source: Label
     actor_name: Label | None = None
-    metadata: dict[str, Any] | None = Field(default=None, description=FREE_JSON_NOTE)
+    metadata: JsonObject | None = Field(default=None, description=FREE_JSON_NOTE)
 
 
 class MessageCreate(InputSchema):
     message: InputMessage
     controls: Controls | None = None
-    metadata: dict[str, Any] | None = Field(default=None, description=FREE_JSON_NOTE)
+    metadata: JsonObject | None = Field(default=None, description=FREE_JSON_NOTE)
     tags: Tags | None = None
     external_actor: ExternalActor | None = None
     client_message_id: ClientMessageId | None = Field(

@@ -1,6 +1,6 @@
 """Session wire shapes (upstream's `WithUrls<Session>`, `PaginatedResponse`) and requests."""
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -9,6 +9,7 @@ from app.schemas import (
     LONG_TEXT_NOTE,
     MAX_ITERATIONS,
     InputSchema,
+    JsonObject,
     Label,
     Schema,
     Tags,
@@ -26,7 +27,7 @@ SessionStatus = Literal["started", "active", "idle", "waitingfortoolresults"]
 class SessionCreate(InputSchema):
     title: Title | None = None
     tags: Tags | None = None
-    hints: dict[str, Any] | None = Field(default=None, description=FREE_JSON_NOTE)
+    hints: JsonObject | None = Field(default=None, description=FREE_JSON_NOTE)
     locale: Label | None = None
     model_id: str | None = Field(default=None, pattern=r"^model_[0-9a-f]{32}$")
     goal: str | None = Field(default=None, description=LONG_TEXT_NOTE)
@@ -35,7 +36,7 @@ class SessionCreate(InputSchema):
     agent_name: Label | None = None
     harness_id: str | None = Field(default=None, pattern=r"^harness_[0-9a-f]{32}$")
     harness_name: Label | None = None
-    metadata: dict[str, Any] | None = Field(default=None, description=FREE_JSON_NOTE)
+    metadata: JsonObject | None = Field(default=None, description=FREE_JSON_NOTE)
     max_iterations: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
     source: Literal["chat", "api"] | None = None
 
