@@ -12,7 +12,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -325,6 +327,27 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return problem_response(
         exc.status_code, detail=detail, code=code, instance=path, headers=headers
     )
+
+
+class ProblemCORSMiddleware(CORSMiddleware):
+    """Starlette's CORS middleware, whose refused preflight (`Disallowed CORS origin`)
+    is problem+json like every other 4xx instead of text/plain."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code < 400:
+            return response
+        headers = {
+            k: v
+            for k, v in response.headers.items()
+            if k.lower().startswith(("access-control-", "vary"))
+        }
+        return problem_response(
+            response.status_code,
+            detail=bytes(response.body).decode(),
+            code="cors_preflight_refused",
+            headers=headers,
+        )
 
 
 def install_error_handlers(app: FastAPI) -> None:

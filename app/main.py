@@ -8,7 +8,6 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.routing import APIRoute
-from starlette.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
 from app import __doc__ as app_doc
@@ -18,6 +17,7 @@ from app.db.migrate import upgrade
 from app.db.reads import create_reads
 from app.db.session import Database
 from app.errors import (
+    ProblemCORSMiddleware,
     RequestContextMiddleware,
     drop_framework_422,
     install_error_handlers,
@@ -148,7 +148,7 @@ def create_app(settings: Settings | None = None) -> Service:
         app.add_middleware(RateLimitMiddleware, limiter=limiter)
     if settings.cors_origins:
         app.add_middleware(
-            CORSMiddleware,
+            ProblemCORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "PATCH", "DELETE", "OPTIONS"],
             allow_headers=[

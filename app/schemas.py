@@ -1,6 +1,6 @@
 """Shared schema bases and the one validation layer every request body goes through:
-strings without NUL or lone surrogates, integers within signed 64 bits, finite numbers,
-and the fixed size caps of request fields. Inputs ignore unknown fields (upstream
+strings without NUL or lone surrogates, finite numbers within signed 64 bits, and the
+fixed size caps of request fields. Inputs ignore unknown fields (upstream
 clients send more than we use)."""
 
 import math

@@ -8,7 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Running
+from app.settings import Settings
+from tests.conftest import Running, running_app, test_settings as make_settings
 from tests.helpers import (
     ERROR_TYPE_BASE,
     PROBLEM_JSON,
@@ -309,3 +310,32 @@ async def test_head_of_an_unknown_route_is_404_problem(running: Running) -> None
     response = await running.client.head("/v1/nope")
     assert response.status_code == 404
     assert response.headers["content-type"] == PROBLEM_JSON
+
+
+async def test_refused_cors_preflight_is_a_problem(settings: Settings) -> None:
+    """Starlette answers a refused preflight in text/plain; here it is problem+json."""
+    allowed = "https://app.example"
+    cors = make_settings(settings.database_url, cors_origins=[allowed])
+    async with running_app(cors) as running:
+        client = running.client
+        for origin, method in (("https://evil.example", "POST"), (allowed, "PUT")):
+            response = await client.options(
+                "/v1/sessions",
+                headers={
+                    "Origin": origin,
+                    "Access-Control-Request-Method": method,
+                    "Access-Control-Request-Headers": "content-type",
+                },
+            )
+            problem = assert_problem(response, 400, code="cors_preflight_refused")
+            assert problem["detail"].startswith("Disallowed CORS "), problem
+            assert response.headers.get("access-control-allow-origin") in (
+                None,
+                allowed,
+            )
+        response = await client.options(
+            "/v1/sessions",
+            headers={"Origin": allowed, "Access-Control-Request-Method": "POST"},
+        )
+        assert response.status_code == 200
+        assert response.headers["access-control-allow-origin"] == allowed
