@@ -288,7 +288,10 @@ class MessagePage(Schema):
     total: int = Field(
         description="Real Messages in the session (visible, or all with include_internal)."
     )
-    has_more: bool
+    has_more: bool = Field(
+        description="Older messages exist: the session has more than `limit`, or "
+        "MAX_LIST_BYTES ended the page early (it then holds the newest that fit)."
+    )
     start_sequence: int | None = None
     end_sequence: int | None = None
     next_before_sequence: int | None = None

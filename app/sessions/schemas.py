@@ -70,7 +70,11 @@ class SessionPage(Schema):
     data: list[Session]
     total: int
     offset: int
-    limit: int
+    limit: int = Field(
+        description="The page size: as asked, or how many sessions the page holds "
+        "when MAX_LIST_BYTES ended it early (then `offset + limit` and `next_url` "
+        "continue right after them)."
+    )
     next_url: str | None = None
     prev_url: str | None = None
 
