@@ -10,9 +10,11 @@ from typing import Any, ClassVar
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -23,18 +25,64 @@ PROBLEM_JSON = "application/problem+json"
 ERROR_TYPE_BASE = "https://docs.everruns.com/errors/"
 
 
+# Echoed input is clipped: a problem names what was wrong, it does not repeat a 60 KB
+# value back. Longer details end in an ellipsis; a longer path is left out of
+# `instance`; at most MAX_LISTED_ERRORS field errors are listed.
+MAX_DETAIL_CHARS = 1000
+MAX_INSTANCE_CHARS = 2048
+MAX_LISTED_ERRORS = 20
+MAX_LOC_PART_CHARS = 100
+
+# The `code` of a problem whose raiser names none: every problem has a code and type.
+DEFAULT_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    412: "precondition_failed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    429: "rate_limited",
+    500: "internal_error",
+    503: "unavailable",
+}
+
+
+class ErrorMember(BaseModel):
+    """The `error` extension member (RFC 9457 §3.2): what the official SDKs read."""
+
+    code: str = Field(description="Same as the problem's `code`.")
+    message: str = Field(description="The problem's `detail`, else its `title`.")
+
+
+class FieldError(BaseModel):
+    loc: list[str] = Field(description="Where: `body`/`query`/`header`, then the path.")
+    msg: str
+    type: str
+
+
 class ProblemDetails(BaseModel):
-    """RFC 9457 problem details, as upstream's `ErrorResponse`."""
+    """RFC 9457 problem details, as upstream's `ErrorResponse`, with an `error`
+    extension member for SDKs that read `{"error": {"code", "message"}}`."""
 
     model_config = ConfigDict(extra="allow")
 
     title: str
     status: int
     detail: str | None = None
-    code: str | None = None
-    type: str | None = None
+    code: str
+    type: str
     instance: str | None = None
     retry_after_seconds: int | None = None
+    error: ErrorMember
+    errors: list[FieldError] | None = Field(
+        default=None,
+        description=f"422 and query 400s: each offending field (at most {MAX_LISTED_ERRORS}).",
+    )
 
 
 class AppError(Exception):
@@ -52,6 +100,19 @@ class AppError(Exception):
 
 class InvalidRequest(AppError):
     status = 400
+    code = "bad_request"
+
+
+class InvalidParameter(InvalidRequest):
+    """A query or header value the route cannot use."""
+
+    code = "invalid_parameter"
+
+
+class InvalidId(InvalidRequest):
+    """A malformed `{prefix}_{32 hex}` id, with upstream's text."""
+
+    code = "invalid_id"
 
 
 class Unauthorized(AppError):
@@ -61,6 +122,7 @@ class Unauthorized(AppError):
 
 class NotFound(AppError):
     status = 404
+    code = "not_found"
 
 
 class Conflict(AppError):
@@ -93,6 +155,21 @@ class MessageNotFound(NotFound):
     title = "Not Found"
 
 
+class ClientMessageIdConflict(Conflict):
+    """A `client_message_id` reused with a different request body."""
+
+    code = "client_message_id_conflict"
+
+
+def clip(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
+    """`text` made safe to echo: lone surrogates (which no UTF-8 encoder writes) shown
+    as `\\udXXX` escapes, and cut to at most `limit` characters, marked with an
+    ellipsis when cut."""
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[: limit - 1] + "\N{HORIZONTAL ELLIPSIS}"
+
+
 def problem_response(
     status: int,
     *,
@@ -104,36 +181,41 @@ def problem_response(
     extra: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
 ) -> Response:
-    body: dict[str, Any] = {
-        "title": title or HTTPStatus(status).phrase,
-        "status": status,
-    }
+    title = title or HTTPStatus(status).phrase
+    code = code or DEFAULT_CODES.get(status) or "error"
+    body: dict[str, Any] = {"title": title, "status": status}
     if detail is not None:
+        detail = clip(detail)
         body["detail"] = detail
-    if code is not None:
-        body["code"] = code
-        body["type"] = ERROR_TYPE_BASE + code
-    if instance is not None:
+    body["code"] = code
+    body["type"] = ERROR_TYPE_BASE + code
+    if instance is not None and len(instance) <= MAX_INSTANCE_CHARS:
         body["instance"] = instance
     if retry_after_seconds is not None:
         body["retry_after_seconds"] = retry_after_seconds
         headers = {**(headers or {}), "Retry-After": str(retry_after_seconds)}
     if extra:
         body.update(extra)
+    body["error"] = {"code": code, "message": detail or title}
     return Response(
         orjson.dumps(body), status_code=status, media_type=PROBLEM_JSON, headers=headers
     )
 
 
 def _field_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
-    return [
-        {
-            "loc": [str(p) for p in e.get("loc", ())],
-            "msg": e.get("msg", ""),
-            "type": e.get("type", ""),
-        }
-        for e in errors
-    ]
+    """Each error's location (extended by app/schemas.check_value's `where`, the path
+    inside the field), message and type; never the input, and clipped."""
+    listed = []
+    for e in errors[:MAX_LISTED_ERRORS]:
+        where = (e.get("ctx") or {}).get("where") or ()
+        listed.append(
+            {
+                "loc": [clip(str(p), MAX_LOC_PART_CHARS) for p in (*e["loc"], *where)],
+                "msg": clip(str(e.get("msg", ""))),
+                "type": str(e.get("type", "")),
+            }
+        )
+    return listed
 
 
 def _describe(errors: list[dict[str, Any]]) -> str:
@@ -203,12 +285,39 @@ def _allowed_methods(request: Request) -> str:
     return ", ".join(allowed)
 
 
+def _route_matches(request: Request, path: str) -> bool:
+    probe: Scope = {
+        "type": "http",
+        "method": request.method,
+        "path": path,
+        "root_path": request.scope.get("root_path", ""),
+        "headers": [],
+        "query_string": b"",
+    }
+    return any(
+        route.matches(probe)[0] is not Match.NONE for route in request.app.router.routes
+    )
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     headers = dict(exc.headers) if exc.headers else None
     detail = exc.detail if isinstance(exc.detail, str) else None
-    if exc.status_code == 404 and detail == "Not Found":
-        detail = f"No route for {request.method} {request.url.path}"
+    code = None
+    path = request.url.path
+    if exc.status_code == 400 and detail == "There was an error parsing the body":
+        # Not UTF-8, or a number Python will not parse (over 4,300 digits).
+        detail, code = "Malformed JSON body", "invalid_json"
+    elif exc.status_code == 404 and detail == "Not Found":
+        detail = f"No route for {request.method} {path}"
+        # Routes have no trailing slash and are never redirected to (a 307 would
+        # make clients resend bodies and credentials): say which path was meant.
+        if (
+            path.endswith("/")
+            and len(path) > 1
+            and _route_matches(request, path.rstrip("/"))
+        ):
+            detail += f"; routes have no trailing slash: {path.rstrip('/')}"
     elif exc.status_code == 405:
         detail = f"Method {request.method} is not allowed on {request.url.path}"
         # Starlette's Allow names the first matching route's methods only.
@@ -216,8 +325,29 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         if allowed:
             headers = {**(headers or {}), "Allow": allowed}
     return problem_response(
-        exc.status_code, detail=detail, instance=request.url.path, headers=headers
+        exc.status_code, detail=detail, code=code, instance=path, headers=headers
     )
+
+
+class ProblemCORSMiddleware(CORSMiddleware):
+    """Starlette's CORS middleware, whose refused preflight (`Disallowed CORS origin`)
+    is problem+json like every other 4xx instead of text/plain."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code < 400:
+            return response
+        headers = {
+            k: v
+            for k, v in response.headers.items()
+            if k.lower().startswith(("access-control-", "vary"))
+        }
+        return problem_response(
+            response.status_code,
+            detail=bytes(response.body).decode(),
+            code="cors_preflight_refused",
+            headers=headers,
+        )
 
 
 def install_error_handlers(app: FastAPI) -> None:

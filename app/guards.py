@@ -200,33 +200,6 @@ def check_json_field(name: str, value: Any, settings: Settings) -> None:
         )
 
 
-def _nul_at(value: Any, path: str) -> str | None:
-    """Where a U+0000 hides in decoded JSON (a string or an object key), if anywhere."""
-    if isinstance(value, str):
-        return path if "\x00" in value else None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            where = f"{path}.{key}" if path else str(key)
-            if "\x00" in str(key):
-                return where
-            found = _nul_at(item, where)
-            if found is not None:
-                return found
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            found = _nul_at(item, f"{path}.{index}" if path else str(index))
-            if found is not None:
-                return found
-    return None
-
-
-def check_no_nul(data: Any) -> None:
-    """PostgreSQL text and jsonb cannot hold U+0000; refused alike on every backend."""
-    where = _nul_at(data.model_dump(exclude_none=True), "")
-    if where is not None:
-        raise Unprocessable(f"{where}: must not contain NUL (U+0000)")
-
-
 def check_message(data: Any, settings: Settings) -> None:
     parts = data.message.content
     if len(parts) > settings.max_message_parts:
@@ -247,13 +220,16 @@ def check_message(data: Any, settings: Settings) -> None:
         check_json_field(
             "external_actor.metadata", data.external_actor.metadata, settings
         )
-    check_no_nul(data)
 
 
 def check_session(data: Any, settings: Settings) -> None:
+    """The configurable caps of a session body; strings, numbers and the fixed caps
+    are the request model's (app/schemas.py)."""
     check_json_field("metadata", getattr(data, "metadata", None), settings)
     check_json_field("hints", getattr(data, "hints", None), settings)
-    tags = getattr(data, "tags", None) or []
-    if len(tags) > 100 or any(len(tag) > 200 for tag in tags):
-        raise Unprocessable("tags: at most 100 tags of at most 200 characters")
-    check_no_nul(data)
+    for field in ("goal", "system_prompt"):
+        value = getattr(data, field, None)
+        if isinstance(value, str) and len(value) > settings.max_text_chars:
+            raise Unprocessable(
+                f"{field}: longer than {settings.max_text_chars} characters"
+            )

@@ -171,7 +171,12 @@ class HotRoutes:
             await opened(scope, receive, send)
             return True
         if len(parts) == 6:
-            if not MESSAGE_ID.match(parts[5]) or scope["query_string"]:
+            # A conditional GET of one message (`If-None-Match: *`) is FastAPI's.
+            if (
+                not MESSAGE_ID.match(parts[5])
+                or scope["query_string"]
+                or if_none_match is not None
+            ):
                 return False
             try:
                 body = await service.get_message(
@@ -200,6 +205,7 @@ class HotRoutes:
                 organization_id=org,
                 session_id=session_id,
                 query=query,
+                max_bytes=settings.max_list_bytes,
                 if_none_match=if_none_match,
             )
         except NotFound:

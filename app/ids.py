@@ -4,7 +4,7 @@ import os
 import time
 import uuid
 
-from app.errors import InvalidRequest
+from app.errors import InvalidId
 
 DEFAULT_ORG_ID = uuid.UUID(int=1)
 
@@ -65,4 +65,4 @@ def parse_or_400(prefix: str, label: str, text: str) -> uuid.UUID:
     try:
         return parse_id(prefix, text)
     except IdParseError as exc:
-        raise InvalidRequest(f"Invalid {label} ID: {exc}") from None
+        raise InvalidId(f"Invalid {label} ID: {exc}") from None

@@ -8,15 +8,16 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.routing import APIRoute
-from starlette.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
 from app import __doc__ as app_doc
 from app.auth import KeyResolver
+from app.conditional import IfNoneMatchStarMiddleware
 from app.db.migrate import upgrade
 from app.db.reads import create_reads
 from app.db.session import Database
 from app.errors import (
+    ProblemCORSMiddleware,
     RequestContextMiddleware,
     drop_framework_422,
     install_error_handlers,
@@ -32,6 +33,7 @@ from app.live.router import router as live_router
 from app.messages.cache import PageCache
 from app.messages.router import router as messages_router
 from app.runner.runner import TurnRunner
+from app.schemas import JSON_VALUE_SCHEMA
 from app.sessions.router import router as sessions_router
 from app.settings import Settings, get_settings
 from app.state import AppState
@@ -132,16 +134,21 @@ def create_app(settings: Settings | None = None) -> Service:
         description=(app_doc or "").strip(),
         lifespan=lifespan,
         generate_unique_id_function=operation_id,
+        # `/v1/sessions/` is a problem+json 404 that names the route without the
+        # slash, not a 307: a redirect makes clients resend bodies and credentials.
+        redirect_slashes=False,
     )
     install_error_handlers(app)
     app.hot = hot
-    # Added innermost first: request context -> CORS -> rate limit -> body guard -> routes.
+    # Added innermost first: request context -> CORS -> rate limit -> body guard ->
+    # If-None-Match: * -> routes.
+    app.add_middleware(IfNoneMatchStarMiddleware)
     app.add_middleware(BodyGuardMiddleware, max_body_bytes=settings.max_body_bytes)
     if limiter is not None:
         app.add_middleware(RateLimitMiddleware, limiter=limiter)
     if settings.cors_origins:
         app.add_middleware(
-            CORSMiddleware,
+            ProblemCORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "PATCH", "DELETE", "OPTIONS"],
             allow_headers=[
@@ -162,7 +169,9 @@ def create_app(settings: Settings | None = None) -> Service:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = drop_framework_422(framework_openapi())
+            schema = drop_framework_422(framework_openapi())
+            schema["components"]["schemas"]["JsonValue"] = JSON_VALUE_SCHEMA
+            app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

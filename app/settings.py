@@ -50,11 +50,19 @@ class Settings(BaseSettings):
     messages_page_max: int = 200
 
     # Request guards: every bad input gets a problem+json answer and changes nothing.
+    # Fixed field caps (titles, tags, labels, URLs) are in app/schemas.py and the
+    # OpenAPI document; these are the configurable ones.
     max_body_bytes: int = 1_000_000
     max_message_parts: int = 100
+    # Message text, context and base64 parts; session goal and system_prompt.
     max_text_chars: int = 200_000
+    # Free-form JSON: metadata, hints, external_actor.metadata.
     max_json_depth: int = 16
     max_json_bytes: int = 32_768
+    # A list response (sessions, messages, events) stops adding items once its data
+    # would pass this many bytes (it always holds at least one item) and says where
+    # the rest continues, so no request builds an unbounded response.
+    max_list_bytes: int = 2_000_000
     # Token bucket per API key (per client address in open mode); 0 disables it.
     rate_limit_per_second: float = 100.0
     rate_limit_burst: int = 400

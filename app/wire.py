@@ -38,6 +38,20 @@ def join_array(items: Iterable[str | bytes]) -> bytes:
     )
 
 
+def within_budget(items: Iterable[bytes], budget: int) -> list[bytes]:
+    """Encoded items in order until the next one would take the array past `budget`
+    bytes; always the first, so a page makes progress however large one item is.
+    Stops consuming `items` there, so a lazy iterable encodes no more than it keeps."""
+    kept: list[bytes] = []
+    used = 1
+    for item in items:
+        used += len(item) + 1
+        if kept and used > budget:
+            break
+        kept.append(item)
+    return kept
+
+
 def with_field(encoded_object: str, key: str, value: Any) -> bytes:
     """Append one field to an encoded JSON object without re-parsing it."""
     head = encoded_object.encode()

@@ -158,15 +158,35 @@ async def list_messages(
     return body
 
 
+async def all_messages(
+    client: httpx.AsyncClient, session_id: str, **params: Any
+) -> list[dict[str, Any]]:
+    """Every message, oldest first, walking back page by page (a page also ends early
+    at MAX_LIST_BYTES)."""
+    messages: list[dict[str, Any]] = []
+    while True:
+        page = await list_messages(client, session_id, **params)
+        messages[:0] = page["data"]
+        if not page["has_more"]:
+            return messages
+        params = {**params, "before_sequence": page["next_before_sequence"]}
+
+
 async def list_events(
     client: httpx.AsyncClient, session_id: str
 ) -> list[dict[str, Any]]:
-    response = await client.get(
-        f"/v1/sessions/{session_id}/events", params={"limit": 1000}
-    )
-    assert response.status_code == 200, response.text
-    data: list[dict[str, Any]] = response.json()["data"]
-    return data
+    """Every durable event, oldest first, following the cursor of a list that
+    MAX_LIST_BYTES ended early."""
+    events: list[dict[str, Any]] = []
+    params: dict[str, Any] = {}
+    while True:
+        response = await client.get(f"/v1/sessions/{session_id}/events", params=params)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        events.extend(body["data"])
+        if not body.get("has_more"):
+            return events
+        params = {"after_sequence": body["next_after_sequence"]}
 
 
 async def wait_idle(
@@ -209,8 +229,9 @@ def assert_problem(
     detail: str | None = None,
     code: str | None = None,
 ) -> dict[str, Any]:
-    """The response is problem+json with `title` and `status`, no null fields, and the
-    optional members consistent with each other."""
+    """The response is problem+json with `title`, `status`, `code`, `type` and the
+    `error` extension member, no null fields, and the optional members consistent
+    with each other."""
     context = f"{response.request.method} {response.request.url} -> {response.status_code} {response.text}"
     assert response.status_code == status, context
     media_type = response.headers["content-type"].split(";")[0].strip()
@@ -223,9 +244,13 @@ def assert_problem(
     assert "Traceback" not in response.text, context
     if "detail" in body:
         assert isinstance(body["detail"], str) and body["detail"], context
-    if "code" in body:
-        assert re.fullmatch(r"[a-z][a-z0-9_]*", body["code"]), context
-        assert body.get("type") == ERROR_TYPE_BASE + body["code"], context
+    # Every problem has a code and its type, and the `error` member the SDKs read.
+    assert re.fullmatch(r"[a-z][a-z0-9_]*", body["code"]), context
+    assert body["type"] == ERROR_TYPE_BASE + body["code"], context
+    assert body["error"] == {
+        "code": body["code"],
+        "message": body.get("detail", body["title"]),
+    }, context
     if "instance" in body:
         assert body["instance"] == response.request.url.path, context
     if detail is not None:

@@ -568,7 +568,7 @@ BAD_QUERIES: list[tuple[str, Any, str | None]] = [
     (
         "/v1/sessions",
         {"created_before": "2026-01-01T00:00:00"},
-        "created_after/created_before need a UTC offset (RFC 3339)",
+        "created_before: needs a UTC offset (RFC 3339), e.g. Z or +02:00",
     ),
     ("/v1/sessions", {"search": "x" * 201}, None),
     # events
@@ -704,6 +704,7 @@ async def test_unexpected_exception_is_generic_500_with_request_id(
         "code": "internal_error",
         "type": ERROR_TYPE_BASE + "internal_error",
         "instance": url,
+        "error": {"code": "internal_error", "message": "Internal server error"},
     }
     assert "secret" not in response.text
     request_id = response.headers["x-request-id"]

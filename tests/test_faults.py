@@ -34,6 +34,7 @@ import pytest
 
 from app.settings import Settings
 from tests.conftest import ROOT, Server, start_server
+from tests.helpers import all_messages, list_events
 
 pytestmark = pytest.mark.e2e
 
@@ -415,17 +416,14 @@ async def catch_up(
     assert cursor is not None, "the slow client got no durable frame before the drop"
     if kind == "sse":
         path, headers = f"/v1/sessions/{session_id}/sse", {"Last-Event-ID": cursor}
-        events = (await http.get(f"/v1/sessions/{session_id}/events")).json()["data"]
-        stored_ids: list[str] = [e["id"] for e in events]
+        stored_ids: list[str] = [e["id"] for e in await list_events(http, session_id)]
 
         def converged(o: Received) -> bool:
             return durable_ids(got.frames + o.frames) == stored_ids
     else:
         path, headers = f"/v1/sessions/{session_id}/messages/stream?after={cursor}", {}
-        listed = await http.get(
-            f"/v1/sessions/{session_id}/messages", params={"limit": 200}
-        )
-        stored: dict[str, Any] = {m["id"]: m for m in listed.json()["data"]}
+        listed = await all_messages(http, session_id)
+        stored: dict[str, Any] = {m["id"]: m for m in listed}
 
         def converged(o: Received) -> bool:
             return merged(got.frames + o.frames) == stored

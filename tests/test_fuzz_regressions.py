@@ -175,7 +175,8 @@ async def test_nul_in_a_stored_string_is_422_naming_the_field(api: Api) -> None:
             "POST",
             f"/v1/sessions/{sid}/messages",
             {"message": {"content": [{"type": "text", "text": "a\x00"}]}},
-            "message.content.0.text",
+            # The part's type is part of the path, as for every part field.
+            "message.content.0.text.text",
         ),
         (
             "POST",

@@ -454,14 +454,15 @@ async def test_json_nested_exactly_at_depth_limit_is_accepted(limited: Limited) 
 
 
 async def test_too_many_tags_is_422(limited: Limited) -> None:
-    for method, url in (
-        ("POST", "/v1/sessions"),
-        ("PATCH", f"/v1/sessions/{limited.sid}"),
+    for method, url, body in (
+        ("POST", "/v1/sessions", {}),
+        ("PATCH", f"/v1/sessions/{limited.sid}", {}),
+        ("POST", f"/v1/sessions/{limited.sid}/messages", text_body()),
     ):
-        for tags in (["t"] * 101, ["x" * 201]):
-            response = await limited.unchanged(method, url, json={"tags": tags})
+        for tags, where in ((["t"] * 101, "tags:"), (["ok", "x" * 201], "tags.1:")):
+            response = await limited.unchanged(method, url, json={**body, "tags": tags})
             problem = assert_refused(response, 422, "validation_error")
-            assert problem["detail"].startswith("tags:")
+            assert problem["detail"].startswith(where), problem
 
 
 # ---- 400: query values out of range ----------------------------------------------------

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from everruns_sdk import Everruns
-from everruns_sdk.errors import NotFoundError
+from everruns_sdk.errors import ApiError, NotFoundError
 
 from tests.conftest import Server
 
@@ -134,3 +134,21 @@ async def test_tool_parts_parse_in_the_sdk(sdk: Everruns) -> None:
     completed = await sdk.events.list(session.id, types=["output.message.completed"])
     found = [c for e in completed for c in e.tool_calls()]
     assert {(c.id, c.name) for c in found} == {(calls[0].id, "lookup")}
+
+
+async def test_sdk_errors_carry_the_real_code_and_message(sdk: Everruns) -> None:
+    """The SDK reads `{"error": {"code", "message"}}`; before that member every SDK
+    error said code="unknown"."""
+    unknown = "session_" + "0" * 31 + "1"
+    with pytest.raises(NotFoundError) as missing:
+        await sdk.sessions.get(unknown)
+    assert missing.value.code == "session_not_found"
+    assert missing.value.message == f"Session {unknown} not found"
+    with pytest.raises(ApiError) as malformed:
+        await sdk.sessions.get("sess_123")
+    assert (malformed.value.status_code, malformed.value.code) == (400, "invalid_id")
+    assert malformed.value.message.startswith("Invalid session ID: invalid prefix")
+    with pytest.raises(ApiError) as invalid:
+        await sdk.sessions.create(title="x" * 1001)
+    assert (invalid.value.status_code, invalid.value.code) == (422, "validation_error")
+    assert invalid.value.message.startswith("title: ")

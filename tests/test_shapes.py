@@ -776,14 +776,19 @@ async def test_message_level_fields(client: httpx.AsyncClient) -> None:
     listed = (await read_messages(client, sid))[0]
     assert {k: v for k, v in created.items() if k != "delivery"} == listed
 
+    # A retry of the same request (unknown fields aside) is the stored message.
     duplicate = await client.post(
         f"/v1/sessions/{sid}/messages",
         json={
-            "message": {"content": [{"type": "text", "text": "other"}]},
+            "message": {"content": [{"type": "text", "text": "hi"}]},
+            "controls": controls,
+            "metadata": {"k": "v"},
+            "tags": ["a", "b"],
+            "external_actor": actor,
             "client_message_id": "cmid-1",
         },
     )
-    assert duplicate.status_code == 201
+    assert duplicate.status_code == 201, duplicate.text
     check_message(duplicate.json(), created=True)
     assert duplicate.json() == {**listed, "delivery": "duplicate"}
 

@@ -1,30 +1,18 @@
 """The durable event log over JSON: `GET /v1/sessions/{id}/events`."""
 
-from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
-from pydantic import AwareDatetime
 
 from app import wire
-from app.deps import OrgId, ReadDb, SessionId
-from app.errors import InvalidRequest, problem_responses
+from app.deps import OrgId, ReadDb, SessionId, StateDep
+from app.errors import InvalidParameter, problem_responses
 from app.events import schemas, service
 from app.events.types import MAX_TYPE_FILTERS, VALID_EVENT_TYPES, validate_types
 from app.ids import parse_or_400
-from app.schemas import MAX_INT32
+from app.schemas import MAX_INT32, UtcTimestamp
 
 router = APIRouter(tags=["events"])
-
-
-def utc_or_400(name: str, value: datetime | None) -> datetime | None:
-    """The instant in UTC; 400 for one that has no UTC form (before year 1)."""
-    if value is None:
-        return None
-    try:
-        return value.astimezone(UTC)
-    except OverflowError:
-        raise InvalidRequest(f"{name}: out of range") from None
 
 
 # The documented shapes of the cursor and filter parameters. The handlers enforce them
@@ -57,6 +45,7 @@ async def list_events(
     session_id: SessionId,
     db: ReadDb,
     org: OrgId,
+    state: StateDep,
     since_id: Annotated[
         str | None,
         Query(
@@ -86,11 +75,11 @@ async def list_events(
         Query(ge=1, le=500, description="Events on each side of `around` (default 50)"),
     ] = None,
     from_ts: Annotated[
-        AwareDatetime | None,
+        UtcTimestamp,
         Query(description="Lower bound on the event's time, inclusive (RFC 3339)"),
     ] = None,
     to_ts: Annotated[
-        AwareDatetime | None,
+        UtcTimestamp,
         Query(description="Upper bound on the event's time, inclusive (RFC 3339)"),
     ] = None,
     turn_id: Annotated[
@@ -124,30 +113,32 @@ async def list_events(
     ] = None,
 ) -> Response:
     """Durable events oldest first. Deltas are live only and never listed. With `limit`,
-    the last N matching events and an `X-Total-Count` header. Events here carry no
-    execution or trace ids and no tags, so `exec_id`, `trace_id` and `tags` are refused
-    rather than ignored."""
+    the last N matching events and an `X-Total-Count` header. A page whose events
+    would pass MAX_LIST_BYTES ends early with `has_more` and the cursor to continue
+    from (`next_after_sequence`, or `next_before_sequence` with `limit`). Events here
+    carry no execution or trace ids and no tags, so `exec_id`, `trace_id` and `tags`
+    are refused rather than ignored."""
     for name, value in (("exec_id", exec_id), ("trace_id", trace_id), ("tags", tags)):
         if value:
-            raise InvalidRequest(
+            raise InvalidParameter(
                 f"{name}: not supported, events here carry no {name.replace('_', ' ')}"
             )
     type_filter = validate_types("types", types)
     exclude_filter = validate_types("exclude", exclude)
     if since_id is not None and after_sequence is not None:
-        raise InvalidRequest("since_id and after_sequence are mutually exclusive")
+        raise InvalidParameter("since_id and after_sequence are mutually exclusive")
     if around is not None and (
         since_id is not None
         or after_sequence is not None
         or before_sequence is not None
         or limit is not None
     ):
-        raise InvalidRequest(
+        raise InvalidParameter(
             "around is mutually exclusive with since_id, after_sequence, "
             "before_sequence and limit"
         )
     if window is not None and around is None:
-        raise InvalidRequest("window needs around")
+        raise InvalidParameter("window needs around")
     event_id = (
         parse_or_400("event", "event", since_id) if since_id is not None else None
     )
@@ -158,8 +149,8 @@ async def list_events(
         exclude_filter,
         limit,
         turn_id=parse_or_400("turn", "turn", turn_id) if turn_id else None,
-        from_ts=utc_or_400("from_ts", from_ts),
-        to_ts=utc_or_400("to_ts", to_ts),
+        from_ts=from_ts,
+        to_ts=to_ts,
         tool_name=tool_name,
         q=q,
         order_desc=order_desc,
@@ -167,7 +158,12 @@ async def list_events(
         window=window or 50,
     )
     body, total = await service.list_events(
-        db, organization_id=org, session_id=session_id, since_id=event_id, flt=flt
+        db,
+        organization_id=org,
+        session_id=session_id,
+        since_id=event_id,
+        flt=flt,
+        max_bytes=state.settings.max_list_bytes,
     )
     headers = {"X-Total-Count": str(total)} if total is not None else {}
     return wire.json_response(body, headers=headers)

@@ -2,6 +2,8 @@
 
 from typing import Any
 
+from pydantic import Field
+
 from app.schemas import Schema
 
 
@@ -22,3 +24,18 @@ class Event(Schema):
 
 class EventList(Schema):
     data: list[Event]
+    # Beyond upstream, present only when MAX_LIST_BYTES ended the page early.
+    has_more: bool | None = Field(
+        default=None,
+        description="True when the byte cap (MAX_LIST_BYTES) ended this page early; "
+        "absent when the page holds every event asked for.",
+    )
+    next_after_sequence: int | None = Field(
+        default=None,
+        description="Reading forward (no `limit`): pass as `after_sequence` to continue.",
+    )
+    next_before_sequence: int | None = Field(
+        default=None,
+        description="Reading the last N (`limit`): pass as `before_sequence` for the "
+        "older events this page left out.",
+    )

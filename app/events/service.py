@@ -13,7 +13,7 @@ from app import wire
 from app.db import models
 from app.db.dialect import json_text
 from app.db.writes import EventRow
-from app.errors import InvalidRequest
+from app.errors import InvalidParameter
 from app.ids import format_id, uuid7
 from app.sessions.service import session_not_found
 
@@ -145,45 +145,102 @@ def _filtered(stmt: Any, session_id: uuid.UUID, flt: EventFilter) -> Any:
     return stmt
 
 
-async def read_event_bodies(
-    db: AsyncSession, session_id: uuid.UUID, flt: EventFilter
-) -> list[tuple[int, str, str]]:
-    """(sequence, type, body) oldest first (newest first with `order_desc`); with
-    `limit`, the last N that match."""
-    columns = select(models.Event.sequence, models.Event.type, models.Event.body)
-    newest_first = models.Event.sequence.desc()
-    if flt.around is not None:
-        anchor = await find_event_sequence(db, session_id, flt.around)
-        if anchor is None:
-            raise InvalidRequest(
-                f"around: no event {format_id('event', flt.around)} in this session"
-            )
-        before = replace(flt, after_sequence=None, before_sequence=anchor)
-        after = replace(flt, after_sequence=anchor - 1, before_sequence=None)
-        older = await db.execute(
-            _filtered(columns, session_id, before)
-            .order_by(newest_first)
-            .limit(flt.window)
+# Rows read per statement by a list without `limit`: the byte budget usually ends the
+# read before the session's whole log is in memory.
+LIST_BATCH = 500
+
+
+@dataclass
+class EventPage:
+    """Encoded event bodies oldest first; `next_after_sequence` (reading forward) or
+    `next_before_sequence` (the last N) when the byte budget ended the page early."""
+
+    bodies: list[bytes]
+    next_after_sequence: int | None = None
+    next_before_sequence: int | None = None
+
+
+async def _read_last(
+    db: AsyncSession, session_id: uuid.UUID, flt: EventFilter, max_bytes: int
+) -> EventPage:
+    """The last `flt.limit` matching events, or as many of the newest as fit."""
+    assert flt.limit is not None
+    stmt = _filtered(
+        select(models.Event.sequence, models.Event.body), session_id, flt
+    ).order_by(models.Event.sequence.desc())
+    rows = [(r[0], r[1].encode()) for r in (await db.execute(stmt.limit(flt.limit)))]
+    kept = wire.within_budget((body for _, body in rows), max_bytes)
+    kept.reverse()
+    page = EventPage(kept)
+    if len(kept) < len(rows):
+        page.next_before_sequence = rows[len(kept) - 1][0]
+    return page
+
+
+async def _read_forward(
+    db: AsyncSession, session_id: uuid.UUID, flt: EventFilter, max_bytes: int
+) -> EventPage:
+    """Matching events oldest first, in batches, until the byte budget is reached."""
+    page = EventPage([])
+    used = 1
+    after = flt.after_sequence
+    while True:
+        batch = replace(flt, after_sequence=after, limit=None)
+        stmt = _filtered(
+            select(models.Event.sequence, models.Event.body), session_id, batch
+        ).order_by(models.Event.sequence)
+        rows = (await db.execute(stmt.limit(LIST_BATCH))).all()
+        for sequence, text in rows:
+            body = text.encode()
+            used += len(body) + 1
+            if page.bodies and used > max_bytes:
+                page.next_after_sequence = after
+                return page
+            page.bodies.append(body)
+            after = sequence
+        if len(rows) < LIST_BATCH:
+            return page
+
+
+async def _read_around(
+    db: AsyncSession, session_id: uuid.UUID, flt: EventFilter, max_bytes: int
+) -> EventPage:
+    """Up to `flt.window` matching events on each side of the anchor (and the anchor if
+    it matches), oldest first. Past the byte budget the window narrows evenly on both
+    sides, and says so with `has_more` (the cursors then continue from either end)."""
+    assert flt.around is not None
+    anchor = await find_event_sequence(db, session_id, flt.around)
+    if anchor is None:
+        raise InvalidParameter(
+            f"around: no event {format_id('event', flt.around)} in this session"
         )
-        newer = await db.execute(
+    columns = select(models.Event.sequence, models.Event.body)
+    before = replace(flt, after_sequence=None, before_sequence=anchor)
+    older = await db.execute(
+        _filtered(columns, session_id, before)
+        .order_by(models.Event.sequence.desc())
+        .limit(flt.window)
+    )
+    after = replace(flt, after_sequence=anchor - 1, before_sequence=None)
+    newer = list(
+        await db.execute(
             _filtered(columns, session_id, after)
             .order_by(models.Event.sequence)
             .limit(flt.window + 1)
         )
-        later = list(newer.all())
-        # The anchor itself, when it matches, is not one of the window's events.
-        later = later[: flt.window + (1 if later and later[0][0] == anchor else 0)]
-        rows = [*reversed(older.all()), *later]
-    elif flt.limit is not None:
-        stmt = _filtered(columns, session_id, flt).order_by(newest_first)
-        rows = list((await db.execute(stmt.limit(flt.limit))).all())
-        rows.reverse()
-    else:
-        stmt = _filtered(columns, session_id, flt).order_by(models.Event.sequence)
-        rows = list((await db.execute(stmt)).all())
-    if flt.order_desc:
-        rows.reverse()
-    return [(r[0], r[1], r[2]) for r in rows]
+    )
+    # The anchor itself, when it matches, is not one of the window's events.
+    newer = newer[: flt.window + (1 if newer and newer[0][0] == anchor else 0)]
+    earlier = [(r[0], r[1].encode()) for r in older]
+    later = [(r[0], r[1].encode()) for r in newer]
+    kept_earlier = wire.within_budget((b for _, b in earlier), max_bytes // 2)
+    kept_later = wire.within_budget((b for _, b in later), max_bytes // 2)
+    page = EventPage([*reversed(kept_earlier), *kept_later])
+    if len(kept_later) < len(later):
+        page.next_after_sequence = later[len(kept_later) - 1][0]
+    elif len(kept_earlier) < len(earlier):
+        page.next_before_sequence = earlier[len(kept_earlier) - 1][0]
+    return page
 
 
 async def count_events(
@@ -245,7 +302,7 @@ async def cursor_after_event(
     """The sequence a stream or list resumes after for an event-id cursor (400 if none)."""
     sequence = await resume_sequence(db, session_id, event_id)
     if sequence is None:
-        raise InvalidRequest(
+        raise InvalidParameter(
             f"{name}: no event {format_id('event', event_id)} in this session"
         )
     return sequence
@@ -271,15 +328,32 @@ async def list_events(
     session_id: uuid.UUID,
     since_id: uuid.UUID | None,
     flt: EventFilter,
+    max_bytes: int,
 ) -> tuple[bytes, int | None]:
     """`{"data": [...]}` of stored event bodies, and with `flt.limit` the total count of
-    matching events (for X-Total-Count)."""
+    matching events (for X-Total-Count). A page whose bodies would pass `max_bytes`
+    ends early with `has_more` and the cursor to continue from: forward
+    (`next_after_sequence`) or, for the last N, backward (`next_before_sequence`)."""
     await require_session(db, organization_id=organization_id, session_id=session_id)
     if since_id is not None:
         flt.after_sequence = await cursor_after_event(db, session_id, since_id)
-    rows = await read_event_bodies(db, session_id, flt)
-    total = await count_events(db, session_id, flt) if flt.limit is not None else None
-    return b'{"data":' + wire.join_array(body for _, _, body in rows) + b"}", total
+    total: int | None = None
+    if flt.around is not None:
+        page = await _read_around(db, session_id, flt, max_bytes)
+    elif flt.limit is not None:
+        page = await _read_last(db, session_id, flt, max_bytes)
+        total = await count_events(db, session_id, flt)
+    else:
+        page = await _read_forward(db, session_id, flt, max_bytes)
+    if flt.order_desc:
+        page.bodies.reverse()
+    tail: dict[str, Any] = {}
+    if page.next_after_sequence is not None:
+        tail = {"has_more": True, "next_after_sequence": page.next_after_sequence}
+    elif page.next_before_sequence is not None:
+        tail = {"has_more": True, "next_before_sequence": page.next_before_sequence}
+    body = b'{"data":' + wire.join_array(page.bodies)
+    return body + (b"," + wire.dumps(tail)[1:] if tail else b"}"), total
 
 
 async def event_rows(

@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from app.errors import InvalidRequest
+from app.errors import InvalidParameter
 
 # Never persisted: no sequence, no SSE `id:`; they travel on the bus only.
 EPHEMERAL_TYPES = frozenset(
@@ -85,8 +85,8 @@ def validate_types(name: str, values: Sequence[str] | None) -> tuple[str, ...]:
     if not values:
         return ()
     if len(values) > MAX_TYPE_FILTERS:
-        raise InvalidRequest(f"{name}: too many values (max {MAX_TYPE_FILTERS})")
+        raise InvalidParameter(f"{name}: too many values (max {MAX_TYPE_FILTERS})")
     for value in values:
         if value not in VALID_EVENT_TYPES:
-            raise InvalidRequest(f"{name}: unknown event type '{value}'")
+            raise InvalidParameter(f"{name}: unknown event type '{value}'")
     return tuple(values)

@@ -6,13 +6,14 @@ AppError raised before anything is held."""
 import uuid
 from collections.abc import Sequence
 
-from app.errors import InvalidRequest, SessionNotFound
+from app.errors import InvalidParameter, SessionNotFound
 from app.events import service as events_service
 from app.events.types import validate_types
 from app.ids import format_id, parse_or_400
 from app.live import frames
 from app.live.response import EventStreamResponse
 from app.live.streams import StreamConfig, message_mutations, upstream_events
+from app.schemas import MAX_INT32
 from app.state import AppState
 
 
@@ -36,8 +37,13 @@ async def _require_session(
 
 
 def _sequence(text: str, name: str) -> int:
-    if not text.isdigit():
-        raise InvalidRequest(f"{name}: expected a non-negative integer cursor")
+    """A Mutation stream cursor: ASCII digits only (`str.isdigit` would take `²` or
+    Arabic-Indic digits) and within the int32 sequence space; checked by length
+    before `int()`, which refuses to parse over 4,300 digits."""
+    if not (text.isascii() and text.isdigit()):
+        raise InvalidParameter(f"{name}: expected a non-negative integer cursor")
+    if len(text.lstrip("0")) > 10 or int(text) > MAX_INT32:
+        raise InvalidParameter(f"{name}: cursor beyond {MAX_INT32}")
     return int(text)
 
 
@@ -57,7 +63,7 @@ async def open_upstream(
     type_filter = set(validate_types("types", types))
     exclude_filter = set(validate_types("exclude", exclude))
     if since_id is not None and after_sequence is not None:
-        raise InvalidRequest("since_id and after_sequence are mutually exclusive")
+        raise InvalidParameter("since_id and after_sequence are mutually exclusive")
     event_cursor = since_id
     if last_event_id:
         # Parsed even when a query cursor wins: a malformed header is a bad request.

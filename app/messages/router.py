@@ -6,7 +6,7 @@ from fastapi import APIRouter, Header, Path, Query, Response
 
 from app import guards, wire
 from app.deps import OrgId, SessionId, StateDep, WriteDb
-from app.errors import BODY_PROBLEMS, InvalidRequest, problem_responses
+from app.errors import BODY_PROBLEMS, InvalidParameter, problem_responses
 from app.ids import parse_or_400
 from app.messages import schemas, service
 from app.schemas import MAX_INT32
@@ -18,7 +18,7 @@ router = APIRouter(tags=["messages"])
     "/sessions/{session_id}/messages",
     status_code=201,
     response_model=schemas.Message,
-    responses=problem_responses(400, 401, 404, 422, *BODY_PROBLEMS),
+    responses=problem_responses(400, 401, 404, 409, 422, *BODY_PROBLEMS),
 )
 async def create_message(
     session_id: SessionId,
@@ -29,7 +29,9 @@ async def create_message(
 ) -> Response:
     """Store a user message. `delivery` says what happened: `started` (a new turn began),
     `steered` (joined the running turn) or `duplicate` (this `client_message_id` was seen
-    before: the stored message is returned and nothing is written)."""
+    before with the same body: the stored message is returned and nothing is written).
+    The same `client_message_id` with a different body is `409`
+    `client_message_id_conflict`."""
     guards.check_message(data, state.settings)
     body = await service.create_message(
         db, organization_id=org, session_id=session_id, data=data
@@ -68,12 +70,13 @@ async def list_messages(
     if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
 ) -> Response:
     """Messages oldest first within a page; without `before_sequence` the newest page.
-    Walk older history with `next_before_sequence`. Pages never split a message.
-    Responses carry an `ETag`; polling with `If-None-Match` answers `304` until the
-    session changes."""
+    Walk older history with `next_before_sequence`. Pages never split a message; a
+    page whose messages would pass MAX_LIST_BYTES holds the newest that fit, with
+    `has_more` and `next_before_sequence` for the rest. Responses carry an `ETag`;
+    polling with `If-None-Match` (or `*`) answers `304` until the session changes."""
     settings = state.settings
     if limit is not None and limit < 1:
-        raise InvalidRequest("limit: must be at least 1")
+        raise InvalidParameter("limit: must be at least 1")
     page_size = min(limit or settings.messages_page_default, settings.messages_page_max)
     etag, body = await service.list_messages(
         state.reads,
@@ -81,6 +84,7 @@ async def list_messages(
         organization_id=org,
         session_id=session_id,
         query=service.PageQuery(page_size, before_sequence, include_internal),
+        max_bytes=settings.max_list_bytes,
         if_none_match=if_none_match,
     )
     if body is None:

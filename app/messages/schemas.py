@@ -5,36 +5,50 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from app.schemas import InputSchema, Schema
+from app.schemas import (
+    FREE_JSON_NOTE,
+    LONG_TEXT_NOTE,
+    ClientMessageId,
+    InputSchema,
+    JsonObject,
+    Label,
+    Schema,
+    Tags,
+    Url,
+)
 
 ExecutionPhase = Literal["commentary", "final_answer"]
 
 
 # ---- input ---------------------------------------------------------------------------
+# Every string and number below also passes app/schemas.check_value (no NUL, no lone
+# surrogate, integers within 64 bits, finite numbers). Fields without a maxLength here
+# are capped by settings: text, context and base64 by MAX_TEXT_CHARS, metadata and
+# hints by MAX_JSON_BYTES and MAX_JSON_DEPTH.
 
 
 class TextInput(InputSchema):
     type: Literal["text"]
-    text: str
+    text: str = Field(description=LONG_TEXT_NOTE)
 
 
 class ImageInput(InputSchema):
     type: Literal["image"]
-    base64: str | None = None
-    media_type: str | None = None
-    url: str | None = None
+    base64: str | None = Field(default=None, description=LONG_TEXT_NOTE)
+    media_type: Label | None = None
+    url: Url | None = None
 
 
 class ImageFileInput(InputSchema):
     type: Literal["image_file"]
     image_id: str = Field(pattern=r"^img_[0-9a-f]{32}$")
-    filename: str | None = None
+    filename: Label | None = None
 
 
 class FileInput(InputSchema):
     type: Literal["file"]
     file_id: str = Field(pattern=r"^file_[0-9a-f]{32}$")
-    filename: str | None = None
+    filename: Label | None = None
 
 
 class ContextInput(InputSchema):
@@ -42,7 +56,7 @@ class ContextInput(InputSchema):
 
     type: Literal["context"]
     tag: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
-    context: str
+    context: str = Field(description=LONG_TEXT_NOTE)
 
 
 InputPart = Annotated[
@@ -54,8 +68,10 @@ InputPart = Annotated[
 class InputMessage(InputSchema):
     # Any role is parsed so that a non-user role gets upstream's 400, not a 422; the
     # schema documents the one role accepted.
-    role: str = Field(default="user", json_schema_extra={"enum": ["user"]})
-    content: list[InputPart] = Field(min_length=1)
+    role: Label = Field(default="user", json_schema_extra={"enum": ["user"]})
+    content: list[InputPart] = Field(
+        min_length=1, description="At most MAX_MESSAGE_PARTS parts (default 100)."
+    )
     # Beyond upstream: the seed's visibility; `internal` messages are hidden from lists
     # unless `include_internal=true`.
     visibility: Literal["visible", "internal"] = "visible"
@@ -70,27 +86,33 @@ class ReasoningControls(InputSchema):
 class Controls(InputSchema):
     model_id: str | None = Field(default=None, pattern=r"^model_[0-9a-f]{32}$")
     reasoning: ReasoningControls | None = None
-    locale: str | None = None
-    hints: dict[str, Any] | None = None
+    locale: Label | None = None
+    hints: JsonObject | None = Field(default=None, description=FREE_JSON_NOTE)
     error_disclosure: Literal["generic", "standard", "detailed"] | None = None
-    speed: str | None = None
+    speed: Label | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
 class ExternalActor(InputSchema):
-    actor_id: str
-    source: str
-    actor_name: str | None = None
-    metadata: dict[str, Any] | None = None
+    actor_id: Label
+    source: Label
+    actor_name: Label | None = None
+    metadata: JsonObject | None = Field(default=None, description=FREE_JSON_NOTE)
 
 
 class MessageCreate(InputSchema):
     message: InputMessage
     controls: Controls | None = None
-    metadata: dict[str, Any] | None = None
-    tags: list[str] | None = None
+    metadata: JsonObject | None = Field(default=None, description=FREE_JSON_NOTE)
+    tags: Tags | None = None
     external_actor: ExternalActor | None = None
-    client_message_id: str | None = Field(default=None, min_length=1, max_length=200)
+    client_message_id: ClientMessageId | None = Field(
+        default=None,
+        description=(
+            "Idempotency key: the same key with the same body answers the stored "
+            "message (`delivery: duplicate`); with a different body, 409."
+        ),
+    )
 
 
 # ---- output --------------------------------------------------------------------------
@@ -266,7 +288,10 @@ class MessagePage(Schema):
     total: int = Field(
         description="Real Messages in the session (visible, or all with include_internal)."
     )
-    has_more: bool
+    has_more: bool = Field(
+        description="Older messages exist: the session has more than `limit`, or "
+        "MAX_LIST_BYTES ended the page early (it then holds the newest that fit)."
+    )
     start_sequence: int | None = None
     end_sequence: int | None = None
     next_before_sequence: int | None = None

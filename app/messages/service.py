@@ -9,7 +9,13 @@ from typing import Any
 from app import wire
 from app.db.reads import Reads, SessionHead
 from app.db.writes import Write
-from app.errors import InvalidRequest, MessageNotFound, SessionNotFound
+from app.errors import (
+    ClientMessageIdConflict,
+    InvalidRequest,
+    MessageNotFound,
+    SessionNotFound,
+    clip,
+)
 from app.ids import format_id
 from app.messages import checkpoint, schemas
 from app.messages.cache import CachedPage, PageCache
@@ -25,35 +31,29 @@ async def create_message(
 ) -> bytes:
     """Store a user message and return its snapshot with `delivery`.
 
-    Under the session row lock: a repeated `client_message_id` returns the stored message
-    as `duplicate` and writes nothing; otherwise the message starts a turn on an idle
+    Under the session row lock: a repeated `client_message_id` with the same body
+    returns the stored message as `duplicate` and writes nothing (with another body it
+    is ClientMessageIdConflict); otherwise the message starts a turn on an idle
     session (`started`) or joins the running one (`steered`)."""
     if data.message.role != "user":
         raise InvalidRequest("Only user messages can be created through this endpoint")
     session = await sessions_service.lock_owned_session(
         db, organization_id=organization_id, session_id=session_id
     )
+    content = [part.model_dump(exclude_none=True) for part in data.message.content]
+    extra = _extra(data)
     if data.client_message_id is not None:
         stored = await db.snapshot_by_client_id(session_id, data.client_message_id)
         if stored is not None:
+            _check_same_request(
+                wire.loads(stored), data.client_message_id, content, data, extra
+            )
             return wire.with_field(stored, "delivery", "duplicate")
-    extra: dict[str, Any] = {}
-    if data.controls is not None:
-        extra["controls"] = data.controls.model_dump(exclude_none=True)
-    metadata = dict(data.metadata or {})
-    if data.tags:
-        metadata.setdefault("tags", data.tags)
-    if data.client_message_id is not None:
-        metadata["everruns_client_message_id"] = data.client_message_id
-    if metadata:
-        extra["metadata"] = metadata
-    if data.external_actor is not None:
-        extra["external_actor"] = data.external_actor.model_dump(exclude_none=True)
     was_running = session.active_turn_id is not None
     result, _turn_id = await checkpoint.append_user_message(
         db,
         session,
-        content=[part.model_dump(exclude_none=True) for part in data.message.content],
+        content=content,
         visibility=data.message.visibility,
         extra=extra,
         client_message_id=data.client_message_id,
@@ -67,6 +67,68 @@ async def create_message(
     )
 
 
+def _extra(data: schemas.MessageCreate) -> dict[str, Any]:
+    """The stored message fields a request sets besides its content."""
+    extra: dict[str, Any] = {}
+    if data.controls is not None:
+        extra["controls"] = data.controls.model_dump(exclude_none=True)
+    metadata = dict(data.metadata or {})
+    if data.tags:
+        metadata.setdefault("tags", data.tags)
+    if data.client_message_id is not None:
+        metadata["everruns_client_message_id"] = data.client_message_id
+    if metadata:
+        extra["metadata"] = metadata
+    if data.external_actor is not None:
+        extra["external_actor"] = data.external_actor.model_dump(exclude_none=True)
+    return extra
+
+
+# What checkpoints add to a user's parts: their identity within the message.
+PART_IDENTITY = ("part_id", "sequence")
+
+
+def _check_same_request(
+    stored: dict[str, Any],
+    client_message_id: str,
+    content: list[dict[str, Any]],
+    data: schemas.MessageCreate,
+    extra: dict[str, Any],
+) -> None:
+    """A repeated `client_message_id` is a retry only if the request is the same one:
+    the stored message (a user message never changes) must be what this request
+    would store. Otherwise 409, naming the fields that differ."""
+    stored_content = [
+        {k: v for k, v in part.items() if k not in PART_IDENTITY}
+        for part in stored["content"]
+    ]
+    # Tags are stored inside metadata: name whichever of the two differs.
+    stored_metadata = dict(stored.get("metadata") or {})
+    metadata = dict(extra.get("metadata") or {})
+    stored_tags, tags = stored_metadata.pop("tags", None), metadata.pop("tags", None)
+    differing = [
+        name
+        for name, same in (
+            ("message.content", stored_content == content),
+            ("message.visibility", stored["visibility"] == data.message.visibility),
+            ("controls", stored.get("controls") == extra.get("controls")),
+            ("metadata", stored_metadata == metadata),
+            ("tags", stored_tags == tags),
+            (
+                "external_actor",
+                stored.get("external_actor") == extra.get("external_actor"),
+            ),
+        )
+        if not same
+    ]
+    if differing:
+        raise ClientMessageIdConflict(
+            f"client_message_id '{clip(client_message_id, 200)}' was already used "
+            f"by message {stored['id']} with a different body ({', '.join(differing)} "
+            "differ); send the same body to retry, or a new client_message_id"
+        )
+
+
 def etag_for(last_sequence: int, query: "PageQuery") -> str:
     """Every checkpoint bumps the session's sequence, so it versions every page."""
     return (
@@ -76,8 +138,10 @@ def etag_for(last_sequence: int, query: "PageQuery") -> str:
 
 
 def etag_matches(etag: str, if_none_match: str | None) -> bool:
-    return if_none_match is not None and etag in (
-        t.strip() for t in if_none_match.split(",")
+    """RFC 9110 §13.1.2: one of the listed ETags, or `*` (any current representation)."""
+    return if_none_match is not None and (
+        etag in (t.strip() for t in if_none_match.split(","))
+        or if_none_match.strip() == "*"
     )
 
 
@@ -105,11 +169,19 @@ def cached_page(
 
 
 def render_page(
-    head: SessionHead, rows: list[tuple[int, bytes]], query: PageQuery
+    head: SessionHead, rows: list[tuple[int, bytes]], query: PageQuery, max_bytes: int
 ) -> bytes:
-    """The page envelope around stored snapshots (`rows` newest first, up to limit+1)."""
-    has_more = len(rows) > query.limit
+    """The page envelope around stored snapshots (`rows` newest first, up to limit+1).
+    Snapshots that would take the page past `max_bytes` are left to older pages: the
+    page then holds the newest that fit, with `has_more` and `next_before_sequence`."""
     page = rows[: query.limit]
+    used = 1
+    for index, (_, snapshot) in enumerate(page):
+        used += len(snapshot) + 1
+        if index and used > max_bytes:
+            del page[index:]
+            break
+    has_more = len(rows) > len(page)
     page.reverse()
     total = head.visible_message_count + (
         head.internal_message_count if query.include_internal else 0
@@ -136,6 +208,7 @@ async def list_messages(
     organization_id: uuid.UUID,
     session_id: uuid.UUID,
     query: PageQuery,
+    max_bytes: int,
     if_none_match: str | None = None,
 ) -> tuple[str, bytes | None]:
     """One page of messages, oldest first, the newest page when no cursor is given.
@@ -159,7 +232,7 @@ async def list_messages(
         raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
     head = result.head
     etag = etag_for(head.last_sequence, query)
-    body = render_page(head, result.rows, query)
+    body = render_page(head, result.rows, query, max_bytes)
     if query.before_sequence is None:
         cache.store_page(
             session_id,

@@ -65,6 +65,21 @@ class Driver(Protocol):
 SCENARIO = re.compile(r"^/scenario\s+(\w+)(?:\s+(.*))?$", re.DOTALL)
 
 
+# `/scenario long N`: N deltas, 100 unless N is a number, at most this many.
+LONG_DEFAULT = 100
+LONG_MAX = 1_000_000
+
+
+def long_count(args: str) -> int:
+    """N of `/scenario long N`. Only ASCII digits make a number: `str.isdigit` also
+    takes `²` (which `int()` refuses) and other scripts' digits. A longer number is
+    capped before `int()`, which refuses to parse over 4,300 digits."""
+    if not (args.isascii() and args.isdigit()):
+        return LONG_DEFAULT
+    digits = args.lstrip("0") or "0"
+    return LONG_MAX if len(digits) > 7 else min(int(digits), LONG_MAX)
+
+
 def latest_user_text(messages: list[dict[str, Any]]) -> str:
     for message in reversed(messages):
         if message["role"] == "user":
@@ -152,7 +167,7 @@ class ScriptedDriver:
                 yield event
             raise ModelError("The scripted model failed mid-stream")
         elif scenario == "long":
-            count = int(args) if args.isdigit() else 100
+            count = long_count(args)
             for index in range(count):
                 await self._pause()
                 yield TextDelta(f"chunk{index} ")

@@ -1,32 +1,16 @@
 """Session routes: HTTP only; the service does the work."""
 
-import re
-from datetime import datetime
-from typing import Annotated, Any, Literal
-from urllib.parse import urlencode
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Query, Response
-from pydantic import BeforeValidator
 
 from app import guards, wire
 from app.deps import BaseUrl, OrgId, ReadDb, SessionId, StateDep, WriteDb
-from app.errors import BODY_PROBLEMS, InvalidRequest, problem_responses
-from app.schemas import MAX_INT32
-from app.sessions import schemas, service
+from app.errors import BODY_PROBLEMS, InvalidParameter, problem_responses
+from app.schemas import MAX_INT32, UtcTimestamp
+from app.sessions import page, schemas, service
 
 router = APIRouter(tags=["sessions"])
-
-RFC3339_PREFIX = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
-
-
-def _rfc3339_only(value: Any) -> Any:
-    """Pydantic would read `0.5` or `1700000000` as a Unix time: only RFC 3339 here."""
-    if isinstance(value, str) and not RFC3339_PREFIX.match(value):
-        raise ValueError("expected an RFC 3339 timestamp")
-    return value
-
-
-Timestamp = Annotated[datetime | None, BeforeValidator(_rfc3339_only)]
 
 # What `status` accepts: known values, comma-separated; blanks around them are ignored.
 _STATUS = rf"\s*({'|'.join(service.STATUS_FILTERS)})?\s*"
@@ -65,6 +49,7 @@ async def list_sessions(
     db: ReadDb,
     org: OrgId,
     base: BaseUrl,
+    state: StateDep,
     offset: Annotated[int, Query(ge=0, le=MAX_INT32)] = 0,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     search: Annotated[
@@ -79,52 +64,34 @@ async def list_sessions(
             json_schema_extra={"pattern": STATUS_LIST_PATTERN},
         ),
     ] = None,
-    created_after: Timestamp = None,
-    created_before: Timestamp = None,
+    created_after: UtcTimestamp = None,
+    created_before: UtcTimestamp = None,
     order: Literal["created_at", "last_activity"] = "created_at",
 ) -> Response:
-    """List the organization's sessions, newest first, with offset pagination."""
+    """List the organization's sessions, newest first, with offset pagination. A page
+    whose sessions would pass MAX_LIST_BYTES ends early: `limit` then says how many it
+    holds, and `next_url` (or `offset + limit`) continues after them."""
     if search is not None and "\x00" in search:
-        raise InvalidRequest("search: must not contain NUL (U+0000)")
+        raise InvalidParameter("search: must not contain NUL (U+0000)")
     statuses: list[str] = []
     for value in (status or "").split(","):
         if value.strip():
             if value.strip() not in service.STATUS_FILTERS:
-                raise InvalidRequest(f"status: unknown value '{value.strip()}'")
+                raise InvalidParameter(f"status: unknown value '{value.strip()}'")
             statuses.append(service.STATUS_FILTERS[value.strip()])
-    for stamp in (created_after, created_before):
-        if stamp is not None and stamp.tzinfo is None:
-            raise InvalidRequest(
-                "created_after/created_before need a UTC offset (RFC 3339)"
-            )
     query = service.SessionQuery(
         offset, limit, search, tuple(statuses), created_after, created_before, order
     )
     rows, total = await service.list_sessions(db, organization_id=org, query=query)
-    body: dict[str, object] = {
-        "data": [service.session_wire(s, base) for s in rows],
-        "total": total,
-        "offset": offset,
-        "limit": limit,
-    }
-    params = {
-        k: v
-        for k, v in {"search": search, "status": status, "order": order}.items()
-        if v
-    }
-    if created_after is not None:
-        params["created_after"] = created_after.isoformat()
-    if created_before is not None:
-        params["created_before"] = created_before.isoformat()
-    if offset + limit < total:
-        body["next_url"] = f"{base}/v1/sessions?" + urlencode(
-            {**params, "offset": offset + limit, "limit": limit}
+    return wire.json_response(
+        page.render(
+            rows,
+            total=total,
+            query=query,
+            base=base,
+            max_bytes=state.settings.max_list_bytes,
         )
-    if offset > 0:
-        body["prev_url"] = f"{base}/v1/sessions?" + urlencode(
-            {**params, "offset": max(0, offset - limit), "limit": limit}
-        )
-    return wire.json_response(wire.dumps(body))
+    )
 
 
 @router.get(

@@ -1,36 +1,51 @@
 """Session wire shapes (upstream's `WithUrls<Session>`, `PaginatedResponse`) and requests."""
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
-from app.schemas import InputSchema, Schema
+from app.schemas import (
+    FREE_JSON_NOTE,
+    LONG_TEXT_NOTE,
+    MAX_ITERATIONS,
+    InputSchema,
+    JsonObject,
+    Label,
+    Schema,
+    Tags,
+    Title,
+)
 
 SessionStatus = Literal["started", "active", "idle", "waitingfortoolresults"]
 
 
+# Strings and numbers also pass app/schemas.check_value; goal and system_prompt are
+# capped by MAX_TEXT_CHARS, metadata and hints by MAX_JSON_BYTES and MAX_JSON_DEPTH
+# (settings, checked by app/guards.py).
+
+
 class SessionCreate(InputSchema):
-    title: str | None = Field(default=None, max_length=1000)
-    tags: list[str] | None = None
-    hints: dict[str, Any] | None = None
-    locale: str | None = None
+    title: Title | None = None
+    tags: Tags | None = None
+    hints: JsonObject | None = Field(default=None, description=FREE_JSON_NOTE)
+    locale: Label | None = None
     model_id: str | None = Field(default=None, pattern=r"^model_[0-9a-f]{32}$")
-    goal: str | None = None
-    system_prompt: str | None = None
+    goal: str | None = Field(default=None, description=LONG_TEXT_NOTE)
+    system_prompt: str | None = Field(default=None, description=LONG_TEXT_NOTE)
     agent_id: str | None = Field(default=None, pattern=r"^agent_[0-9a-f]{32}$")
-    agent_name: str | None = None
+    agent_name: Label | None = None
     harness_id: str | None = Field(default=None, pattern=r"^harness_[0-9a-f]{32}$")
-    harness_name: str | None = None
-    metadata: dict[str, Any] | None = None
-    max_iterations: int | None = Field(default=None, ge=1)
+    harness_name: Label | None = None
+    metadata: JsonObject | None = Field(default=None, description=FREE_JSON_NOTE)
+    max_iterations: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
     source: Literal["chat", "api"] | None = None
 
 
 class SessionUpdate(InputSchema):
-    title: str | None = Field(default=None, max_length=1000)
-    tags: list[str] | None = None
-    goal: str | None = None
-    locale: str | None = None
+    title: Title | None = None
+    tags: Tags | None = None
+    goal: str | None = Field(default=None, description=LONG_TEXT_NOTE)
+    locale: Label | None = None
 
 
 class Session(Schema):
@@ -55,7 +70,11 @@ class SessionPage(Schema):
     data: list[Session]
     total: int
     offset: int
-    limit: int
+    limit: int = Field(
+        description="The page size: as asked, or how many sessions the page holds "
+        "when MAX_LIST_BYTES ended it early (then `offset + limit` and `next_url` "
+        "continue right after them)."
+    )
     next_url: str | None = None
     prev_url: str | None = None
 
