@@ -46,6 +46,7 @@ async def _has_keys(settings: Settings) -> bool:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app import server
     from app.db.migrate import upgrade
     from app.main import create_app
 
@@ -88,6 +89,10 @@ def serve(args: argparse.Namespace) -> int:
         "log_level": settings.log_level,
         "proxy_headers": True,
         "timeout_graceful_shutdown": 5,
+        # Read deadlines and problem+json for what uvicorn answers itself.
+        "http": server.protocol(settings),
+        # No WebSocket routes: an upgrade request is an ordinary request.
+        "ws": "none",
     }
     if args.workers == 1:
         uvicorn.run(create_app(settings), **common)

@@ -58,6 +58,13 @@ class Settings(BaseSettings):
     # Token bucket per API key (per client address in open mode); 0 disables it.
     rate_limit_per_second: float = 100.0
     rate_limit_burst: int = 400
+    # Slow clients: a request's header (from its first byte, or from the connection for
+    # the first request) and then its body must arrive within these, or it is answered
+    # 408 and the connection closed. Responses, streams included, are not timed.
+    header_read_timeout_seconds: float = 10.0
+    body_read_timeout_seconds: float = 10.0
+    # A request header larger than this is answered 431 (uvicorn sets no limit).
+    max_header_bytes: int = 65_536
     # Browser origins allowed to call the API and open the streams (CORS); none by default.
     cors_origins: Annotated[list[str], NoDecode] = []
 
