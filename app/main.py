@@ -95,7 +95,14 @@ def create_app(settings: Settings | None = None) -> Service:
             send_timeout_seconds=settings.sse_send_timeout_seconds,
         )
         runner = TurnRunner(settings=settings, database=database, bus=bus)
-        dispatcher = Dispatcher(bus, cache, fanout, runner)
+        keys = KeyResolver(
+            database,
+            ttl_seconds=settings.auth_cache_seconds,
+            # PostgreSQL announces key changes on the bus; SQLite's come from another
+            # process (the CLI), which has no bus to reach this one.
+            poll_seconds=settings.keys_poll_seconds if settings.is_sqlite else None,
+        )
+        dispatcher = Dispatcher(bus, cache, fanout, runner, keys)
         bus.local_commit = dispatcher.committed_here
         await bus.start()
         fanout.start()
@@ -105,7 +112,7 @@ def create_app(settings: Settings | None = None) -> Service:
             database=database,
             reads=reads,
             cache=cache,
-            keys=KeyResolver(database, settings.auth_cache_seconds),
+            keys=keys,
             bus=bus,
             fanout=fanout,
             runner=runner,
@@ -114,6 +121,7 @@ def create_app(settings: Settings | None = None) -> Service:
             ),
         )
         app.state.app = state
+        await keys.start()
         await runner.start()
         hot.state = state
         try:
@@ -121,6 +129,7 @@ def create_app(settings: Settings | None = None) -> Service:
         finally:
             hot.state = None
             await runner.stop()
+            await keys.stop()
             await fanout.close()
             await bus.stop()
             await reads.close()

@@ -68,8 +68,12 @@ class Settings(BaseSettings):
     # Browser origins allowed to call the API and open the streams (CORS); none by default.
     cors_origins: Annotated[list[str], NoDecode] = []
 
-    # Seconds an API key lookup (and the "are there any keys" answer) stays cached.
-    auth_cache_seconds: float = 5.0
+    # Key changes (created, revoked) reach every process at once: on PostgreSQL as a
+    # NOTIFY, on SQLite by polling the keys table every `keys_poll_seconds`. A resolution
+    # is also re-read after `auth_cache_seconds`, for changes made behind the service's
+    # back (plain SQL on PostgreSQL).
+    auth_cache_seconds: float = 60.0
+    keys_poll_seconds: float = 0.25
 
     # Live streams.
     sse_heartbeat_seconds: float = 30.0
