@@ -180,15 +180,20 @@ class KeyResolver:
         self._refresh: asyncio.Task[None] | None = None
         self._again = False
         self._poller: asyncio.Task[None] | None = None
+        # Database lookups of keys made so far (what a flood of bogus keys costs).
+        self.lookups = 0
+        # SQLite: the keys table as last re-checked or polled.
+        self._seen: Fingerprint = ()
 
     # ---- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> None:
+        # Known from the start, so the rate limiter tells open mode from keyed mode.
+        await self._open_mode()
         if self.poll_seconds is not None:
-            fingerprint = await self._fingerprint()
-            self._poller = asyncio.create_task(
-                self._poll(fingerprint), name="keys-poll"
-            )
+            async with self.database.read() as db:
+                self._seen = await _fingerprint(db)
+            self._poller = asyncio.create_task(self._poll(), name="keys-poll")
 
     async def stop(self) -> None:
         for task in (self._poller, self._refresh):
@@ -225,8 +230,9 @@ class KeyResolver:
 
     @property
     def is_open(self) -> bool:
-        """Whether the service ran open when last checked."""
-        return self._open[2]
+        """Whether the service runs open, as last checked and not changed since (a
+        change may have been the first key)."""
+        return self._open[2] and self._open[1] == self._epoch
 
     async def resolve(self, authorization: str | None) -> Caller:
         """The caller; the default organization while no keys exist. Raises
@@ -238,15 +244,25 @@ class KeyResolver:
             raise Unauthorized(
                 "An API key is required: send `Authorization: Bearer <key>`"
             )
-        cached = self.cached(authorization)
-        if cached is not None:
-            return cached
+        return await self.resolve_key(digest)
+
+    async def resolve_key(self, digest: str) -> Caller:
+        """The caller authenticating with the key of this hash. Raises Unauthorized."""
         now = time.monotonic()
+        entry = self._valid.get(digest)
+        if (
+            entry is not None
+            and entry[0] > now
+            and entry[1] == self._epoch
+            and self._heard
+        ):
+            return Caller(entry[2], digest)
         refused = self._invalid.get(digest)
         if refused is not None and refused > now and self._heard:
             self._invalid.move_to_end(digest)
             raise Unauthorized("Invalid or revoked API key")
         epoch = self._epoch
+        self.lookups += 1
         async with self.database.read() as db:
             row = await db.scalar(
                 select(models.ApiKey).where(
@@ -316,6 +332,9 @@ class KeyResolver:
         digests = sorted(set(self._valid) | set(self.streaming()))
         active: dict[str, uuid.UUID] = {}
         async with self.database.read() as db:
+            if self.poll_seconds is not None:
+                # What this re-check sees needs no second one when the poll sees it.
+                self._seen = await _fingerprint(db)
             is_open = not await keys_exist(db)
             for start in range(0, len(digests), self.REFRESH_BATCH):
                 batch = digests[start : start + self.REFRESH_BATCH]
@@ -343,31 +362,32 @@ class KeyResolver:
 
     # ---- SQLite: polling for changes made by other processes ------------------------
 
-    async def _fingerprint(self) -> Fingerprint:
-        """Changes with every key created, revoked or deleted."""
-        table = models.ApiKey
-        async with self.database.statements() as conn:
-            row = (
-                await conn.execute(
-                    select(
-                        func.count(),
-                        func.count(table.revoked_at),
-                        func.max(table.created_at),
-                        func.max(table.revoked_at),
-                    )
-                )
-            ).one()
-        return tuple(row)
-
-    async def _poll(self, last: Fingerprint) -> None:
+    async def _poll(self) -> None:
         assert self.poll_seconds is not None
         while True:
             await asyncio.sleep(self.poll_seconds)
             try:
-                fingerprint = await self._fingerprint()
+                async with self.database.read() as db:
+                    fingerprint = await _fingerprint(db)
             except Exception as exc:
                 log.warning("polling API keys failed: %s", exc)
                 continue
-            if fingerprint != last:
-                last = fingerprint
+            if fingerprint != self._seen:
+                self._seen = fingerprint
                 self.changed()
+
+
+async def _fingerprint(db: AsyncSession) -> Fingerprint:
+    """Changes with every key created, revoked or deleted."""
+    table = models.ApiKey
+    row = (
+        await db.execute(
+            select(
+                func.count(),
+                func.count(table.revoked_at),
+                func.max(table.created_at),
+                func.max(table.revoked_at),
+            )
+        )
+    ).one()
+    return tuple(row)

@@ -87,7 +87,10 @@ def serve(args: argparse.Namespace) -> int:
         "host": settings.host,
         "port": settings.port,
         "log_level": settings.log_level,
-        "proxy_headers": True,
+        # X-Forwarded-For / -Proto only from the configured proxies: otherwise any
+        # client could pick the address it is rate limited by.
+        "proxy_headers": bool(settings.trusted_proxies),
+        "forwarded_allow_ips": settings.trusted_proxies or None,
         "timeout_graceful_shutdown": 5,
         # Read deadlines and problem+json for what uvicorn answers itself.
         "http": server.protocol(settings),
@@ -100,6 +103,8 @@ def serve(args: argparse.Namespace) -> int:
     # Each worker builds its app from the environment (its own pool, LISTEN connection
     # and runner); migrations already ran here, once.
     os.environ["AUTO_MIGRATE"] = "false"
+    # The workers share the service's budgets (rate and stream limits).
+    os.environ.setdefault("EXPECTED_INSTANCES", str(args.workers))
     uvicorn.run("app.main:create_app", factory=True, workers=args.workers, **common)
     return 0
 

@@ -146,7 +146,7 @@ class HotRoutes:
             return False
         org = caller.organization_id
         if self.limiter is not None:
-            refusal = self.limiter.refusal(scope)
+            refusal = self.limiter.refusal_for(scope, caller)
             if refusal is not None:
                 refusal.raw_headers.append(request.id_header)
                 request.started = True

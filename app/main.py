@@ -71,11 +71,7 @@ class Service(FastAPI):
 
 def create_app(settings: Settings | None = None) -> Service:
     settings = settings or get_settings()
-    limiter = (
-        RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
-        if settings.rate_limit_per_second > 0
-        else None
-    )
+    limiter = RateLimiter.from_settings(settings)
     hot = HotRoutes(limiter, cors=bool(settings.cors_origins))
 
     @asynccontextmanager
@@ -117,17 +113,23 @@ def create_app(settings: Settings | None = None) -> Service:
             fanout=fanout,
             runner=runner,
             limits=StreamLimits(
-                settings.sse_max_per_session, settings.sse_max_per_process
+                # A session's streams may be spread over every process.
+                -(-settings.sse_max_per_session // settings.instances),
+                settings.sse_max_per_process,
             ),
         )
         app.state.app = state
         await keys.start()
+        if limiter is not None:
+            limiter.keys = keys
         await runner.start()
         hot.state = state
         try:
             yield
         finally:
             hot.state = None
+            if limiter is not None:
+                limiter.keys = None
             await runner.stop()
             await keys.stop()
             await fanout.close()

@@ -1,9 +1,10 @@
 """Service configuration, read from the environment (and an optional `.env` file)."""
 
+import ipaddress
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/evermirror.db"
@@ -55,9 +56,21 @@ class Settings(BaseSettings):
     max_text_chars: int = 200_000
     max_json_depth: int = 16
     max_json_bytes: int = 32_768
-    # Token bucket per API key (per client address in open mode); 0 disables it.
+    # Token bucket per API key (per client address without a key, and in open mode);
+    # 0 disables rate limiting.
     rate_limit_per_second: float = 100.0
     rate_limit_burst: int = 400
+    # Requests whose credential is not a known key (each may cost a database lookup)
+    # share this smaller budget per client address, however many keys they rotate.
+    rate_limit_unknown_key_per_second: float = 1.0
+    rate_limit_unknown_key_burst: int = 20
+    # Reverse proxies (addresses or networks) whose X-Forwarded-For / -Proto headers are
+    # believed; none by default, so a client cannot pick its own address.
+    trusted_proxies: Annotated[list[str], NoDecode] = []
+    # How many processes serve the API in total (all nodes, all workers). Rate limits
+    # and the per-session stream limit are budgets for the whole service: each process
+    # grants its share. Unset: the `--workers` of this `serve` (1 by default).
+    expected_instances: int | None = Field(default=None, ge=1)
     # Slow clients: a request's header (from its first byte, or from the connection for
     # the first request) and then its body must arrive within these, or it is answered
     # 408 and the connection closed. Responses, streams included, are not timed.
@@ -97,13 +110,26 @@ class Settings(BaseSettings):
     def _normalize_url(cls, value: str) -> str:
         return normalize_database_url(value)
 
-    @field_validator("cors_origins", mode="before")
+    @field_validator("cors_origins", "trusted_proxies", mode="before")
     @classmethod
-    def _split_origins(cls, value: Any) -> Any:
+    def _split_list(cls, value: Any) -> Any:
         # CORS_ORIGINS=https://a.example,https://b.example
         if isinstance(value, str):
-            return [origin.strip() for origin in value.split(",") if origin.strip()]
+            return [item.strip() for item in value.split(",") if item.strip()]
         return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_networks(cls, value: list[str]) -> list[str]:
+        for item in value:
+            # An address or a network (10.0.0.0/8); raises ValueError otherwise.
+            ipaddress.ip_network(item, strict=False)
+        return value
+
+    @property
+    def instances(self) -> int:
+        """The processes sharing the service's budgets."""
+        return self.expected_instances or 1
 
     @property
     def is_sqlite(self) -> bool:
