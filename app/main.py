@@ -29,6 +29,7 @@ from app.live.dispatch import Dispatcher
 from app.live.fanout import Fanout
 from app.live.limits import StreamLimits
 from app.live.router import router as live_router
+from app.messages.admission import TurnAdmission
 from app.messages.cache import PageCache
 from app.messages.router import router as messages_router
 from app.runner.runner import TurnRunner
@@ -116,6 +117,11 @@ def create_app(settings: Settings | None = None) -> Service:
                 # A session's streams may be spread over every process.
                 -(-settings.sse_max_per_session // settings.instances),
                 settings.sse_max_per_process,
+            ),
+            admission=TurnAdmission(
+                per_organization=settings.max_running_turns_per_org,
+                per_process=settings.max_running_turns_per_process,
+                running=lambda: runner.tasks.keys(),
             ),
         )
         app.state.app = state

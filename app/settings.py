@@ -104,6 +104,10 @@ class Settings(BaseSettings):
     scripted_delay_ms: int = 20
     # PostgreSQL: how often a node sweeps for turns whose runner died.
     runner_sweep_seconds: float = 5.0
+    # Turns running at once: per organization (across every process) and per process.
+    # A message that would start one more is answered 429; 0 disables a cap.
+    max_running_turns_per_org: int = Field(default=100, ge=0)
+    max_running_turns_per_process: int = Field(default=500, ge=0)
 
     @field_validator("database_url")
     @classmethod

@@ -18,7 +18,7 @@ router = APIRouter(tags=["messages"])
     "/sessions/{session_id}/messages",
     status_code=201,
     response_model=schemas.Message,
-    responses=problem_responses(400, 401, 404, 422, *BODY_PROBLEMS),
+    responses=problem_responses(400, 401, 404, 422, 429, *BODY_PROBLEMS),
 )
 async def create_message(
     session_id: SessionId,
@@ -29,10 +29,16 @@ async def create_message(
 ) -> Response:
     """Store a user message. `delivery` says what happened: `started` (a new turn began),
     `steered` (joined the running turn) or `duplicate` (this `client_message_id` was seen
-    before: the stored message is returned and nothing is written)."""
+    before: the stored message is returned and nothing is written). A message that would
+    start a turn while its organization or the server runs as many as allowed is `429`
+    with `Retry-After`."""
     guards.check_message(data, state.settings)
     body = await service.create_message(
-        db, organization_id=org, session_id=session_id, data=data
+        db,
+        organization_id=org,
+        session_id=session_id,
+        data=data,
+        admission=state.admission,
     )
     return wire.json_response(body, 201)
 
