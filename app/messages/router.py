@@ -18,7 +18,7 @@ router = APIRouter(tags=["messages"])
     "/sessions/{session_id}/messages",
     status_code=201,
     response_model=schemas.Message,
-    responses=problem_responses(400, 401, 404, 422, 429, *BODY_PROBLEMS),
+    responses=problem_responses(400, 401, 404, 422, *BODY_PROBLEMS),
 )
 async def create_message(
     session_id: SessionId,
