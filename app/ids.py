@@ -9,15 +9,35 @@ from app.errors import InvalidRequest
 DEFAULT_ORG_ID = uuid.UUID(int=1)
 
 
+# The 74 random bits of a UUIDv7 (rand_a and rand_b), counted on within a millisecond.
+_RANDOM_BITS = 74
+_last_ms = 0
+_last_random = 0
+
+
 def uuid7() -> uuid.UUID:
-    """A time-ordered UUIDv7 (RFC 9562): 48-bit ms timestamp, then random bits."""
+    """A time-ordered UUIDv7 (RFC 9562): 48-bit ms timestamp, then 74 random bits.
+
+    Monotonic within the process (RFC 9562 section 6.2, method 2): an id minted in the
+    same millisecond as the one before it (or after the clock stepped back) takes that
+    one's random bits plus a random increment, so ids sort in the order they were
+    minted. If the increment overflows them, the timestamp moves on by 1 ms."""
+    global _last_ms, _last_random
     ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
+    if ms > _last_ms:
+        random = int.from_bytes(os.urandom(10), "big") >> (80 - _RANDOM_BITS)
+    else:
+        ms = _last_ms
+        random = _last_random + 1 + (int.from_bytes(os.urandom(4), "big") >> 1)
+        if random >> _RANDOM_BITS:
+            ms += 1
+            random &= (1 << _RANDOM_BITS) - 1
+    _last_ms, _last_random = ms, random
     value = (ms & ((1 << 48) - 1)) << 80
     value |= 0x7 << 76
-    value |= ((rand >> 62) & 0xFFF) << 64
+    value |= (random >> 62) << 64
     value |= 0b10 << 62
-    value |= rand & ((1 << 62) - 1)
+    value |= random & ((1 << 62) - 1)
     return uuid.UUID(int=value)
 
 

@@ -102,8 +102,13 @@ class Settings(BaseSettings):
     # Turn runner.
     model_driver: Literal["scripted"] = "scripted"
     scripted_delay_ms: int = 20
-    # PostgreSQL: how often a node sweeps for turns whose runner died.
+    # PostgreSQL: how often a node sweeps for turns whose runner died, and how long a
+    # runner must have gone without renewing its lease before another node takes the
+    # turn over. The lease is renewed every fifth of it (at least once a second).
     runner_sweep_seconds: float = 5.0
+    # How long a runner keeps trying to regain a lost lease, or to write a checkpoint
+    # while the database is unavailable, before it gives the turn up.
+    runner_outage_seconds: float = 60.0
     # Turns running at once: per organization (across every process) and per process.
     # A message that would start one more is answered 429; 0 disables a cap.
     max_running_turns_per_org: int = Field(default=100, ge=0)
@@ -142,6 +147,12 @@ class Settings(BaseSettings):
     @property
     def should_auto_migrate(self) -> bool:
         return self.is_sqlite if self.auto_migrate is None else self.auto_migrate
+
+    @property
+    def runner_renew_seconds(self) -> float:
+        """How often the node holding a runner lease renews it: start-up takes over the
+        turns left unrenewed for two of these."""
+        return min(max(self.runner_sweep_seconds / 5, 0.1), 1.0)
 
 
 @lru_cache

@@ -46,6 +46,9 @@ class LockedSession:
     cancel_requested: bool
     visible_message_count: int
     internal_message_count: int
+    # The epoch of the runner that owns the session's turns (see app.runner.runner):
+    # written back as held, so a runner's claim commits with its checkpoint.
+    runner_epoch: int
 
 
 @dataclass(slots=True)
@@ -87,7 +90,8 @@ class StaleMessage(Exception):
 
 LOCK_SESSION = """
 SELECT organization_id, status, last_sequence, last_input_sequence, active_turn_id,
-       cancel_requested_at IS NOT NULL, visible_message_count, internal_message_count
+       cancel_requested_at IS NOT NULL, visible_message_count, internal_message_count,
+       runner_epoch
 FROM sessions WHERE id = :session_id"""
 
 UPDATE_SESSION = """
@@ -98,6 +102,7 @@ UPDATE sessions SET
     active_turn_id = :active_turn_id,
     visible_message_count = :visible_message_count,
     internal_message_count = :internal_message_count,
+    runner_epoch = :runner_epoch,
     cancel_requested_at = CASE WHEN :cancel_requested THEN cancel_requested_at END,
     started_at = COALESCE(started_at, :started_at),
     finished_at = COALESCE(:finished_at, finished_at),
@@ -210,6 +215,7 @@ def _session_values(
         "visible_message_count": session.visible_message_count,
         "internal_message_count": session.internal_message_count,
         "cancel_requested": session.cancel_requested,
+        "runner_epoch": session.runner_epoch,
         "started_at": now if started else None,
         "finished_at": now if finished else None,
         "now": now,
@@ -590,7 +596,7 @@ class SqliteWrite(Write):
         rows = await self._fetch(LOCK_SESSION, session_id=session_id)
         if not rows:
             return None
-        org, status, last, last_input, turn, cancel, visible, internal = rows[0]
+        org, status, last, last_input, turn, cancel, visible, internal, epoch = rows[0]
         return LockedSession(
             session_id,
             uuid.UUID(hex=org),
@@ -601,6 +607,7 @@ class SqliteWrite(Write):
             bool(cancel),
             visible,
             internal,
+            epoch,
         )
 
     async def save_checkpoint(

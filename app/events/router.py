@@ -1,8 +1,10 @@
 """The durable event log over JSON: `GET /v1/sessions/{id}/events`."""
 
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
+from pydantic import AwareDatetime
 
 from app import wire
 from app.deps import OrgId, ReadDb, SessionId
@@ -13,6 +15,16 @@ from app.ids import parse_or_400
 from app.schemas import MAX_INT32
 
 router = APIRouter(tags=["events"])
+
+
+def utc_or_400(name: str, value: datetime | None) -> datetime | None:
+    """The instant in UTC; 400 for one that has no UTC form (before year 1)."""
+    if value is None:
+        return None
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidRequest(f"{name}: out of range") from None
 
 
 # The documented shapes of the cursor and filter parameters. The handlers enforce them
@@ -60,18 +72,99 @@ async def list_events(
         int | None,
         Query(ge=1, le=1000, description="Return the last N matching events"),
     ] = None,
+    around: Annotated[
+        str | None,
+        Query(
+            description="Anchor event ID: up to `window` matching events on each side "
+            "of it (and the anchor, if it matches). Not with since_id, after_sequence, "
+            "before_sequence or limit.",
+            json_schema_extra=EVENT_ID_SCHEMA,
+        ),
+    ] = None,
+    window: Annotated[
+        int | None,
+        Query(ge=1, le=500, description="Events on each side of `around` (default 50)"),
+    ] = None,
+    from_ts: Annotated[
+        AwareDatetime | None,
+        Query(description="Lower bound on the event's time, inclusive (RFC 3339)"),
+    ] = None,
+    to_ts: Annotated[
+        AwareDatetime | None,
+        Query(description="Upper bound on the event's time, inclusive (RFC 3339)"),
+    ] = None,
+    turn_id: Annotated[
+        str | None, Query(description="Only events of this turn (`context.turn_id`)")
+    ] = None,
+    tool_name: Annotated[
+        str | None,
+        Query(
+            max_length=64,
+            description="Only tool events (`tool.*`) of the tool with this name",
+        ),
+    ] = None,
+    q: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            description="Only events whose JSON contains this text (case-insensitive)",
+        ),
+    ] = None,
+    order_desc: Annotated[
+        bool, Query(description="Newest first when true; oldest first by default")
+    ] = False,
+    exec_id: Annotated[
+        str | None, Query(description="Not supported here: answered 400")
+    ] = None,
+    trace_id: Annotated[
+        str | None, Query(description="Not supported here: answered 400")
+    ] = None,
+    tags: Annotated[
+        list[str] | None, Query(description="Not supported here: answered 400")
+    ] = None,
 ) -> Response:
     """Durable events oldest first. Deltas are live only and never listed. With `limit`,
-    the last N matching events and an `X-Total-Count` header."""
+    the last N matching events and an `X-Total-Count` header. Events here carry no
+    execution or trace ids and no tags, so `exec_id`, `trace_id` and `tags` are refused
+    rather than ignored."""
+    for name, value in (("exec_id", exec_id), ("trace_id", trace_id), ("tags", tags)):
+        if value:
+            raise InvalidRequest(
+                f"{name}: not supported, events here carry no {name.replace('_', ' ')}"
+            )
     type_filter = validate_types("types", types)
     exclude_filter = validate_types("exclude", exclude)
     if since_id is not None and after_sequence is not None:
         raise InvalidRequest("since_id and after_sequence are mutually exclusive")
+    if around is not None and (
+        since_id is not None
+        or after_sequence is not None
+        or before_sequence is not None
+        or limit is not None
+    ):
+        raise InvalidRequest(
+            "around is mutually exclusive with since_id, after_sequence, "
+            "before_sequence and limit"
+        )
+    if window is not None and around is None:
+        raise InvalidRequest("window needs around")
     event_id = (
         parse_or_400("event", "event", since_id) if since_id is not None else None
     )
     flt = service.EventFilter(
-        after_sequence, before_sequence, type_filter, exclude_filter, limit
+        after_sequence,
+        before_sequence,
+        type_filter,
+        exclude_filter,
+        limit,
+        turn_id=parse_or_400("turn", "turn", turn_id) if turn_id else None,
+        from_ts=utc_or_400("from_ts", from_ts),
+        to_ts=utc_or_400("to_ts", to_ts),
+        tool_name=tool_name,
+        q=q,
+        order_desc=order_desc,
+        around=parse_or_400("event", "event", around) if around else None,
+        window=window or 50,
     )
     body, total = await service.list_events(
         db, organization_id=org, session_id=session_id, since_id=event_id, flt=flt

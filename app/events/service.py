@@ -2,8 +2,8 @@
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import wire
 from app.db import models
+from app.db.dialect import json_text
 from app.db.writes import EventRow
 from app.errors import InvalidRequest
 from app.ids import format_id, uuid7
@@ -25,6 +26,10 @@ class EventSpec:
     input_message_id: uuid.UUID | None = None
 
 
+# Event types that name a tool: `data.tool_name`, or `data.tool_call.name`.
+TOOL_EVENT_TYPES = ("tool.started", "tool.completed", "tool.call_requested")
+
+
 @dataclass
 class EventFilter:
     after_sequence: int | None = None
@@ -32,6 +37,18 @@ class EventFilter:
     types: Sequence[str] = field(default_factory=tuple)
     exclude: Sequence[str] = field(default_factory=tuple)
     limit: int | None = None
+    turn_id: uuid.UUID | None = None
+    # Bounds on the event's time, both inclusive, to the millisecond.
+    from_ts: datetime | None = None
+    to_ts: datetime | None = None
+    tool_name: str | None = None
+    # A case-insensitive substring of the event's JSON.
+    q: str | None = None
+    order_desc: bool = False
+    # Upstream's centered window: up to `window` matching events on each side of the
+    # event `around` (which is included if it matches).
+    around: uuid.UUID | None = None
+    window: int = 50
 
 
 def render_event(
@@ -87,6 +104,10 @@ def render_event_rows(
     return rows
 
 
+def _to_millisecond(value: datetime) -> datetime:
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
 def _filtered(stmt: Any, session_id: uuid.UUID, flt: EventFilter) -> Any:
     stmt = stmt.where(models.Event.session_id == session_id)
     if flt.after_sequence is not None:
@@ -97,35 +118,81 @@ def _filtered(stmt: Any, session_id: uuid.UUID, flt: EventFilter) -> Any:
         stmt = stmt.where(models.Event.type.in_(flt.types))
     if flt.exclude:
         stmt = stmt.where(models.Event.type.not_in(flt.exclude))
+    if flt.turn_id is not None:
+        stmt = stmt.where(models.Event.turn_id == flt.turn_id)
+    # Event times are shown to the millisecond (`ts`): the bounds compare at that
+    # precision, so an event's own `ts` is within both of them.
+    if flt.from_ts is not None:
+        stmt = stmt.where(models.Event.created_at >= _to_millisecond(flt.from_ts))
+    if flt.to_ts is not None:
+        stmt = stmt.where(
+            models.Event.created_at
+            < _to_millisecond(flt.to_ts) + timedelta(milliseconds=1)
+        )
+    if flt.tool_name is not None:
+        stmt = stmt.where(
+            models.Event.type.in_(TOOL_EVENT_TYPES),
+            func.coalesce(
+                json_text(models.Event.body, "data", "tool_name"),
+                json_text(models.Event.body, "data", "tool_call", "name"),
+            )
+            == flt.tool_name,
+        )
+    if flt.q:
+        stmt = stmt.where(
+            func.lower(models.Event.body).contains(flt.q.lower(), autoescape=True)
+        )
     return stmt
 
 
 async def read_event_bodies(
     db: AsyncSession, session_id: uuid.UUID, flt: EventFilter
 ) -> list[tuple[int, str, str]]:
-    """(sequence, type, body) oldest first; with `limit`, the last N that match."""
-    stmt = _filtered(
-        select(models.Event.sequence, models.Event.type, models.Event.body),
-        session_id,
-        flt,
-    )
-    if flt.limit is not None:
-        stmt = stmt.order_by(models.Event.sequence.desc()).limit(flt.limit)
-        rows = list((await db.execute(stmt)).all())
+    """(sequence, type, body) oldest first (newest first with `order_desc`); with
+    `limit`, the last N that match."""
+    columns = select(models.Event.sequence, models.Event.type, models.Event.body)
+    newest_first = models.Event.sequence.desc()
+    if flt.around is not None:
+        anchor = await find_event_sequence(db, session_id, flt.around)
+        if anchor is None:
+            raise InvalidRequest(
+                f"around: no event {format_id('event', flt.around)} in this session"
+            )
+        before = replace(flt, after_sequence=None, before_sequence=anchor)
+        after = replace(flt, after_sequence=anchor - 1, before_sequence=None)
+        older = await db.execute(
+            _filtered(columns, session_id, before)
+            .order_by(newest_first)
+            .limit(flt.window)
+        )
+        newer = await db.execute(
+            _filtered(columns, session_id, after)
+            .order_by(models.Event.sequence)
+            .limit(flt.window + 1)
+        )
+        later = list(newer.all())
+        # The anchor itself, when it matches, is not one of the window's events.
+        later = later[: flt.window + (1 if later and later[0][0] == anchor else 0)]
+        rows = [*reversed(older.all()), *later]
+    elif flt.limit is not None:
+        stmt = _filtered(columns, session_id, flt).order_by(newest_first)
+        rows = list((await db.execute(stmt.limit(flt.limit))).all())
         rows.reverse()
     else:
-        rows = list((await db.execute(stmt.order_by(models.Event.sequence))).all())
+        stmt = _filtered(columns, session_id, flt).order_by(models.Event.sequence)
+        rows = list((await db.execute(stmt)).all())
+    if flt.order_desc:
+        rows.reverse()
     return [(r[0], r[1], r[2]) for r in rows]
 
 
 async def count_events(
     db: AsyncSession, session_id: uuid.UUID, flt: EventFilter
 ) -> int:
-    unlimited = EventFilter(
-        flt.after_sequence, flt.before_sequence, flt.types, flt.exclude
-    )
     stmt = _filtered(
-        select(func.count()).select_from(models.Event), session_id, unlimited
+        select(func.count()).select_from(models.Event),
+        session_id,
+        replace(flt, limit=None),
     )
     return int(await db.scalar(stmt) or 0)
 

@@ -10,21 +10,25 @@ sent to any process stops a turn running on any other.
 
 import asyncio
 import contextlib
+import copy
+import functools
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 
 from app import wire
 from app.db import models
-from app.db.dialect import create_leases
+from app.db.dialect import Regain, create_leases
 from app.db.session import Database
 from app.db.types import utcnow
 from app.db.writes import LockedSession, MessageRow, Write
+from app.errors import is_transient_db_error
 from app.events.service import EventSpec
 from app.ids import format_id, uuid7
 from app.live.bus import Bus
@@ -54,6 +58,8 @@ from app.settings import Settings
 
 log = logging.getLogger("app.runner")
 
+T = TypeVar("T")
+
 HISTORY_FOR_MODEL = 50
 # The step cap of a session created without `max_iterations`.
 DEFAULT_MAX_ITERATIONS = 20
@@ -61,6 +67,32 @@ DEFAULT_MAX_ITERATIONS = 20
 
 class TurnCancelled(Exception):
     pass
+
+
+class LeaseLost(Exception):
+    """This process no longer owns the session's turn: another runner claimed it, or the
+    lease could not be regained in time. Nothing more may be written or published."""
+
+
+@dataclass(slots=True)
+class TurnProgress:
+    """Where a running turn is: its step, its tool calls so far, the newest input its
+    step has seen, and its agent message as last committed."""
+
+    session_id: uuid.UUID
+    turn_id: uuid.UUID
+    started: float
+    iteration: int = 0
+    tool_count: int = 0
+    consumed: int = 0
+    message: MessageRow | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Landed:
+    """A checkpoint found committed after all, and the message as it stored it."""
+
+    message: MessageRow | None
 
 
 @dataclass
@@ -115,10 +147,15 @@ class TurnRunner:
         self.database = database
         self.bus = bus
         self.driver = create_driver(settings.model_driver, settings.scripted_delay_ms)
-        self.leases = create_leases(settings.database_url)
+        self.leases = create_leases(
+            settings.database_url, renew_seconds=settings.runner_renew_seconds
+        )
         self.tasks: dict[uuid.UUID, asyncio.Task[None]] = {}
         self.rekick: set[uuid.UUID] = set()
         self.live: dict[uuid.UUID, LiveStep] = {}
+        # The runner epoch this process claimed for each session it runs, once the
+        # claim has committed (see `_checkpoint`).
+        self.epochs: dict[uuid.UUID, int] = {}
         # Set by every wake-up of a session whose turn runs here: time to check for a
         # cancel request.
         self.watches: dict[uuid.UUID, asyncio.Event] = {}
@@ -130,10 +167,12 @@ class TurnRunner:
 
     async def start(self) -> None:
         await self.leases.start()
+        # A free lease of a turn nobody renewed for two renewal periods: its runner is
+        # gone (one process on SQLite: any free lease is).
         await self.recover(
-            grace_seconds=0
-            if not self.is_distributed
-            else self.settings.runner_sweep_seconds
+            grace_seconds=2 * self.settings.runner_renew_seconds
+            if self.is_distributed
+            else 0
         )
         if self.is_distributed:
             self._sweeper = asyncio.create_task(self._sweep(), name="runner-sweeper")
@@ -173,6 +212,8 @@ class TurnRunner:
                 watch.set()
 
     async def _republish(self, step: LiveStep) -> None:
+        if not self.leases.holds(step.session_id):
+            return
         for part in list(step.parts):
             await self.bus.publish(step.part_started(part))
 
@@ -207,7 +248,11 @@ class TurnRunner:
                     if turn_id is None:
                         break
                     await self._run_turn(session_id, turn_id, max_iterations)
+            except LeaseLost as exc:
+                log.warning("runner of session %s stopped: %s", session_id, exc)
+                self.rekick.discard(session_id)
             finally:
+                self.epochs.pop(session_id, None)
                 await self.leases.release(session_id)
         except asyncio.CancelledError:
             raise
@@ -233,6 +278,140 @@ class TurnRunner:
             return None, DEFAULT_MAX_ITERATIONS
         cap = row.attributes.get("max_iterations") or DEFAULT_MAX_ITERATIONS
         return row.active_turn_id, int(cap)
+
+    # ---- owning the turn: fenced checkpoints -----------------------------------------
+
+    async def _owned(self, session_id: uuid.UUID) -> None:
+        """Return once this process holds the session's lease: at once while it does;
+        after a lost lease connection, once the lease is regained with nobody having
+        claimed the session meanwhile. Raises LeaseLost if another runner did, or if the
+        lease cannot be regained within `runner_outage_seconds`."""
+        if self.leases.holds(session_id):
+            return
+        deadline = time.monotonic() + self.settings.runner_outage_seconds
+        delay = 0.05
+        while True:
+            regained = await self.leases.regain(session_id, self.epochs.get(session_id))
+            if regained is Regain.HELD:
+                return
+            if regained is Regain.TAKEN:
+                raise LeaseLost("another runner took the session over")
+            if time.monotonic() >= deadline:
+                raise LeaseLost("the lease could not be regained in time")
+            # Retried at least once a renewal period: well within the grace other
+            # nodes give a runner before taking its turn over.
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.settings.runner_renew_seconds)
+
+    async def _publish(
+        self, session_id: uuid.UUID, item: PartStarted | LiveDelta
+    ) -> None:
+        """A live frame of the turn: only while this process owns it."""
+        await self._owned(session_id)
+        await self.bus.publish(item)
+
+    async def _checkpoint(
+        self,
+        session_id: uuid.UUID,
+        turn_id: uuid.UUID,
+        write: Callable[[Write, LockedSession], Awaitable[MessageRow | None]],
+        *,
+        ending: bool = False,
+    ) -> MessageRow | None:
+        """Run `write` as one checkpoint of the turn and return the message it wrote.
+
+        Fenced: the checkpoint runs only while this process holds the lease, and under
+        the session row lock it checks the runner epoch. The first checkpoint of a
+        runner claims the session (epoch + 1, committed with it); every later one
+        requires the epoch it claimed, so once another runner has taken the session
+        over (and claimed it in turn) this one can never commit again: LeaseLost.
+
+        Not ended by an outage: while the database is unavailable the checkpoint is
+        retried (within `runner_outage_seconds`), and after a COMMIT whose outcome is
+        unknown, the next attempt first checks whether it landed. `write` must work on
+        copies of what it changes (the runner adopts them only after the commit).
+
+        TurnCancelled when the turn is not the session's any more or a cancel was
+        requested; with `ending` (the turn's last checkpoint, which writes the cancel or
+        failure) a cancel request does not stop it, and an ended turn writes nothing."""
+        deadline = time.monotonic() + self.settings.runner_outage_seconds
+        delay = 0.1
+        # Set when a COMMIT went unanswered: what that attempt wrote.
+        uncertain = False
+        attempted: MessageRow | None = None
+        while True:
+            await self._owned(session_id)
+            written: MessageRow | None = None
+            try:
+                async with self.database.write() as db:
+                    session = await sessions_service.lock_session(db, session_id)
+                    if session is None:
+                        raise TurnCancelled
+                    claimed = self.epochs.get(session_id)
+                    if claimed is not None and session.runner_epoch != claimed:
+                        raise LeaseLost("another runner took the session over")
+                    if uncertain:
+                        landed = await self._landed(db, session, turn_id, attempted)
+                        if landed is not None:
+                            self.epochs[session_id] = session.runner_epoch
+                            return landed.message
+                    if session.active_turn_id != turn_id:
+                        if ending:
+                            return None
+                        raise TurnCancelled
+                    if session.cancel_requested and not ending:
+                        raise TurnCancelled
+                    if claimed is None:
+                        session.runner_epoch += 1
+                    written = await write(db, session)
+                self.epochs[session_id] = session.runner_epoch
+                return written
+            except (TurnCancelled, LeaseLost):
+                raise
+            except Exception as exc:
+                if not is_transient_db_error(exc) or time.monotonic() >= deadline:
+                    raise
+                if getattr(exc, "statement", None) == "COMMIT":
+                    uncertain, attempted = True, written
+                log.warning(
+                    "checkpoint of turn %s failed (%s); retrying in %.1fs",
+                    turn_id,
+                    type(exc).__name__,
+                    delay,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _retrying(self, read: Callable[[], Awaitable[T]]) -> T:
+        """A read of a running turn, retried while the database is unavailable (within
+        `runner_outage_seconds`)."""
+        deadline = time.monotonic() + self.settings.runner_outage_seconds
+        delay = 0.1
+        while True:
+            try:
+                return await read()
+            except Exception as exc:
+                if not is_transient_db_error(exc) or time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _landed(
+        self,
+        db: Write,
+        session: LockedSession,
+        turn_id: uuid.UUID,
+        written: MessageRow | None,
+    ) -> "Landed | None":
+        """Whether a checkpoint whose COMMIT went unanswered committed after all: its
+        message is stored at the revision it wrote, or (a checkpoint without a message:
+        the turn's end) the turn is over."""
+        if written is None:
+            return Landed(None) if session.active_turn_id != turn_id else None
+        stored = await db.message(written.id)
+        if stored is not None and stored.revision == written.revision:
+            return Landed(stored)
+        return None
 
     # ---- a turn --------------------------------------------------------------------
 
@@ -279,104 +458,62 @@ class TurnRunner:
         """Step the model until a step answers without tool calls and no input arrived
         that it did not see, or until `max_iterations` steps. The runner holds the
         streaming message between checkpoints: it is its only writer while the turn
-        runs (each checkpoint checks the turn under the session lock, and the message
-        update checks the revision)."""
+        runs (each checkpoint is fenced, see `_checkpoint`, and the message update
+        checks the revision)."""
         watch = self.watches[session_id] = asyncio.Event()
-        started = time.monotonic()
-        message: MessageRow | None = None
-        iteration = 0
-        tool_count = 0
+        turn = TurnProgress(session_id, turn_id, time.monotonic())
         tool_results: list[dict[str, Any]] = []
         try:
             while True:
-                iteration += 1
-                history, consumed, cancelled = await self._history(session_id)
+                turn.iteration += 1
+                history, turn.consumed, cancelled = await self._retrying(
+                    functools.partial(self._history, session_id)
+                )
                 if cancelled:
                     raise TurnCancelled
-                if message is None:
-                    async with self.database.write() as db:
-                        session = await self._lock(db, session_id, turn_id)
-                        opened = await checkpoint.open_agent_message(
-                            db,
-                            session,
-                            turn_id=turn_id,
-                            model=self.driver.name,
-                            iteration=iteration,
-                        )
-                    assert opened.message is not None
-                    message = opened.message
+                if turn.message is None:
+                    turn.message = await self._checkpoint(
+                        session_id, turn_id, functools.partial(self._write_open, turn)
+                    )
+                assert turn.message is not None
                 step = LiveStep(
                     session_id,
-                    message.id,
+                    turn.message.id,
                     turn_id,
-                    message.revision,
-                    len(message.content) + 1,
+                    turn.message.revision,
+                    len(turn.message.content) + 1,
                 )
-                self.live[message.id] = step
+                self.live[step.message_id] = step
                 tool_calls = await self._stream_step(
-                    step, Turn(history, iteration, tool_results), watch
+                    step, Turn(history, turn.iteration, tool_results), watch
                 )
-                last = iteration >= max_iterations
-                async with self.database.write() as db:
-                    session = await self._lock(db, session_id, turn_id)
-                    # A step without tool calls is the answer, unless input arrived
-                    # that it did not see: then the next step of the same message
-                    # answers that too. At the cap there is no next step.
-                    done = not tool_calls and (
-                        last or session.last_input_sequence <= consumed
-                    )
-                    await checkpoint.commit_step(
-                        db,
-                        session,
-                        message,
-                        step_id=f"step_{iteration}",
-                        parts=step.parts,
-                        phase=step.phase,
-                        phase_source="provider",
-                        close=done,
-                    )
-                    if done:
-                        await self._complete(
-                            db,
-                            session,
-                            turn_id,
-                            message,
-                            iteration,
-                            consumed,
-                            started,
-                            tool_count,
-                        )
-                self.live.pop(message.id, None)
-                await self.bus.publish(StepEnded(session_id, message.id))
-                if done:
+                last = turn.iteration >= max_iterations
+                turn.message = await self._checkpoint(
+                    session_id,
+                    turn_id,
+                    functools.partial(self._write_step, turn, step, tool_calls, last),
+                )
+                assert turn.message is not None
+                self.live.pop(step.message_id, None)
+                await self.bus.publish(StepEnded(session_id, step.message_id))
+                if turn.message.state == "done":
                     return
                 tool_results = []
                 for call in tool_calls:
-                    tool_count += 1
-                    result = await self._run_tool(session_id, turn_id, message, call)
-                    tool_results.append(result)
+                    turn.tool_count += 1
+                    tool_results.append(await self._run_tool(turn, call))
                 if last:
                     # The cap came with tool calls: their results are stored, and no
                     # further step runs.
-                    async with self.database.write() as db:
-                        session = await self._lock(db, session_id, turn_id)
-                        await checkpoint.close_message(db, session, message)
-                        await self._complete(
-                            db,
-                            session,
-                            turn_id,
-                            message,
-                            iteration,
-                            consumed,
-                            started,
-                            tool_count,
-                        )
+                    await self._checkpoint(
+                        session_id, turn_id, functools.partial(self._write_cap, turn)
+                    )
                     return
         except TurnCancelled:
             await self._end_with_error(
                 session_id,
                 turn_id,
-                message.id if message else None,
+                turn.message.id if turn.message else None,
                 ("cancelled", "The turn was cancelled by the user"),
                 EventSpec(
                     "turn.cancelled",
@@ -391,7 +528,7 @@ class TurnRunner:
             await self._end_with_error(
                 session_id,
                 turn_id,
-                message.id if message else None,
+                turn.message.id if turn.message else None,
                 ("model_error", str(exc)),
                 EventSpec(
                     "turn.failed",
@@ -403,15 +540,16 @@ class TurnRunner:
                     turn_id=turn_id,
                 ),
             )
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, LeaseLost):
             # Shutting down: leave the turn for start-up recovery (or another node).
+            # Or the turn is not this process's any more: write nothing.
             raise
         except Exception as exc:
             log.exception("turn %s failed", turn_id)
             await self._end_with_error(
                 session_id,
                 turn_id,
-                message.id if message else None,
+                turn.message.id if turn.message else None,
                 ("internal_error", "The turn failed unexpectedly"),
                 EventSpec(
                     "turn.failed",
@@ -426,54 +564,90 @@ class TurnRunner:
         finally:
             if self.watches.get(session_id) is watch:
                 del self.watches[session_id]
-            if message is not None:
-                self.live.pop(message.id, None)
+            if turn.message is not None:
+                self.live.pop(turn.message.id, None)
+
+    async def _write_open(
+        self, turn: TurnProgress, db: Write, session: LockedSession
+    ) -> MessageRow | None:
+        """The turn's agent message opens (`output.message.started`)."""
+        opened = await checkpoint.open_agent_message(
+            db,
+            session,
+            turn_id=turn.turn_id,
+            model=self.driver.name,
+            iteration=turn.iteration,
+        )
+        return opened.message
+
+    async def _write_step(
+        self,
+        turn: TurnProgress,
+        step: LiveStep,
+        tool_calls: list[ToolCall],
+        last: bool,
+        db: Write,
+        session: LockedSession,
+    ) -> MessageRow | None:
+        """A finished step commits whole. A step without tool calls is the answer
+        (closing the message and the turn), unless input arrived that it did not see:
+        then the next step of the same message answers that too. At the cap there is
+        no next step."""
+        assert turn.message is not None
+        message = copy.copy(turn.message)
+        done = not tool_calls and (last or session.last_input_sequence <= turn.consumed)
+        await checkpoint.commit_step(
+            db,
+            session,
+            message,
+            step_id=f"step_{turn.iteration}",
+            parts=step.parts,
+            phase=step.phase,
+            phase_source="provider",
+            close=done,
+        )
+        if done:
+            await self._complete(db, session, turn, message)
+        return message
+
+    async def _write_cap(
+        self, turn: TurnProgress, db: Write, session: LockedSession
+    ) -> MessageRow | None:
+        """The step cap was reached with tool calls: the message closes, the turn ends."""
+        assert turn.message is not None
+        message = copy.copy(turn.message)
+        await checkpoint.close_message(db, session, message)
+        await self._complete(db, session, turn, message)
+        return message
 
     async def _complete(
         self,
         db: Write,
         session: LockedSession,
-        turn_id: uuid.UUID,
+        turn: TurnProgress,
         message: MessageRow,
-        iterations: int,
-        consumed: int,
-        started: float,
-        tool_count: int,
     ) -> None:
         """`turn.completed` and `session.idled`. Input the last step did not see (only
         possible at the step cap) is not dropped: a new turn starts for it in the same
         checkpoint."""
         unanswered = None
-        if session.last_input_sequence > consumed:
-            unanswered = await db.first_input_after(session.id, consumed)
+        if session.last_input_sequence > turn.consumed:
+            unanswered = await db.first_input_after(session.id, turn.consumed)
         data = {
-            "turn_id": format_id("turn", turn_id),
-            "iterations": iterations,
+            "turn_id": format_id("turn", turn.turn_id),
+            "iterations": turn.iteration,
             "status": "completed",
             "final_message_id": format_id("message", message.id),
-            "duration_ms": int((time.monotonic() - started) * 1000),
-            "tool_call_count": tool_count,
+            "duration_ms": int((time.monotonic() - turn.started) * 1000),
+            "tool_call_count": turn.tool_count,
         }
         await checkpoint.finish_turn(
             db,
             session,
-            turn_id=turn_id,
-            outcome=EventSpec("turn.completed", data, turn_id=turn_id),
+            turn_id=turn.turn_id,
+            outcome=EventSpec("turn.completed", data, turn_id=turn.turn_id),
             answer_next=unanswered,
         )
-
-    async def _lock(
-        self, db: Write, session_id: uuid.UUID, turn_id: uuid.UUID
-    ) -> LockedSession:
-        """The session lock for a checkpoint of `turn_id`; TurnCancelled when the
-        session was deleted, a cancel was requested, or the turn is no longer the
-        session's (ended elsewhere: the checkpoint must not be written)."""
-        session = await sessions_service.lock_session(db, session_id)
-        if session is None or session.active_turn_id != turn_id:
-            raise TurnCancelled
-        if session.cancel_requested:
-            raise TurnCancelled
-        return session
 
     async def _stream_step(
         self, step: LiveStep, turn: Turn, watch: asyncio.Event
@@ -484,19 +658,23 @@ class TurnRunner:
         async for event in self.driver.step(turn):
             if watch.is_set():
                 watch.clear()
-                if await self._cancel_requested(step.session_id):
+                if await self._retrying(
+                    functools.partial(self._cancel_requested, step.session_id)
+                ):
                     raise TurnCancelled
             if isinstance(event, TextDelta):
                 if text_part is None:
                     text_part = step.new_part({"type": "text", "text": ""})
-                    await self.bus.publish(step.part_started(text_part))
+                    await self._publish(step.session_id, step.part_started(text_part))
                 await self._delta(step, text_part, event.text, "output.message.delta")
             elif isinstance(event, ReasoningDelta):
                 if reasoning_part is None:
                     reasoning_part = step.new_part(
                         {"type": "reasoning", "provider": self.driver.name, "text": ""}
                     )
-                    await self.bus.publish(step.part_started(reasoning_part))
+                    await self._publish(
+                        step.session_id, step.part_started(reasoning_part)
+                    )
                 await self._delta(
                     step, reasoning_part, event.text, "reason.thinking.delta"
                 )
@@ -510,7 +688,7 @@ class TurnRunner:
                         "status": "requested",
                     }
                 )
-                await self.bus.publish(step.part_started(part))
+                await self._publish(step.session_id, step.part_started(part))
                 tool_calls.append(event)
                 text_part = None
             elif isinstance(event, Annotations) and text_part is not None:
@@ -528,20 +706,18 @@ class TurnRunner:
     ) -> None:
         offset = len(part["text"])
         part["text"] += text
-        await self.bus.publish(step.delta(part["part_id"], offset, text, event_type))
+        await self._publish(
+            step.session_id, step.delta(part["part_id"], offset, text, event_type)
+        )
 
-    async def _run_tool(
-        self,
-        session_id: uuid.UUID,
-        turn_id: uuid.UUID,
-        message: MessageRow,
-        call: ToolCall,
-    ) -> dict[str, Any]:
-        async with self.database.write() as db:
-            session = await self._lock(db, session_id, turn_id)
-            await checkpoint.tool_transition(
-                db, session, message, tool_call_id=call.id, status="running"
-            )
+    async def _run_tool(self, turn: TurnProgress, call: ToolCall) -> dict[str, Any]:
+        """Run one tool call between its two checkpoints (`running`, then its outcome);
+        returns the result for the model."""
+        turn.message = await self._checkpoint(
+            turn.session_id,
+            turn.turn_id,
+            functools.partial(self._write_tool, turn, call.id, "running"),
+        )
         began = time.monotonic()
         try:
             result, error, status = (
@@ -551,19 +727,36 @@ class TurnRunner:
             )
         except ModelError as exc:
             result, error, status = None, str(exc), "failed"
-        async with self.database.write() as db:
-            session = await self._lock(db, session_id, turn_id)
-            await checkpoint.tool_transition(
-                db,
-                session,
-                message,
-                tool_call_id=call.id,
-                status=status,
+        turn.message = await self._checkpoint(
+            turn.session_id,
+            turn.turn_id,
+            functools.partial(
+                self._write_tool,
+                turn,
+                call.id,
+                status,
                 result=result,
                 error=error,
                 duration_ms=int((time.monotonic() - began) * 1000),
-            )
+            ),
+        )
         return {"tool_call_id": call.id, "result": result, "error": error}
+
+    async def _write_tool(
+        self,
+        turn: TurnProgress,
+        tool_call_id: str,
+        status: str,
+        db: Write,
+        session: LockedSession,
+        **outcome: Any,
+    ) -> MessageRow | None:
+        assert turn.message is not None
+        message = copy.copy(turn.message)
+        await checkpoint.tool_transition(
+            db, session, message, tool_call_id=tool_call_id, status=status, **outcome
+        )
+        return message
 
     async def _end_with_error(
         self,
@@ -574,17 +767,20 @@ class TurnRunner:
         outcome: EventSpec,
     ) -> None:
         """Discard the unfinished step, close the message with an error part and end the
-        turn, in one checkpoint. The message is read again: the runner's copy may be
-        ahead of a checkpoint that failed."""
-        async with self.database.write() as db:
-            session = await sessions_service.lock_session(db, session_id)
-            if session is None or session.active_turn_id != turn_id:
-                return
+        turn, in one checkpoint. The message is read again under the lock: what is
+        stored is what the error part follows."""
+
+        async def end(db: Write, session: LockedSession) -> MessageRow | None:
+            message = None
             if message_id is not None:
                 message = await checkpoint.get_message_for_update(db, message_id)
                 if message.state == "streaming":
                     await checkpoint.close_message(db, session, message, error=error)
             await checkpoint.finish_turn(db, session, turn_id=turn_id, outcome=outcome)
+            return None
+
+        with contextlib.suppress(TurnCancelled):
+            await self._checkpoint(session_id, turn_id, end, ending=True)
         if message_id is not None:
             await self.bus.publish(StepEnded(session_id, message_id))
 
@@ -593,7 +789,9 @@ class TurnRunner:
     async def recover(self, grace_seconds: float) -> int:
         """Close turns whose runner is gone: a streaming message gets an error part and
         `state: done`, the turn fails, the session idles. Only sessions whose lease is
-        free (and, across nodes, quiet for `grace_seconds`) are touched."""
+        free and whose runner has neither written nor renewed its lease for
+        `grace_seconds` are touched; taking one over claims it (the runner epoch), so a
+        runner that was merely cut off can never write to it again."""
         cutoff = utcnow() - timedelta(seconds=grace_seconds)
         async with self.database.read() as db:
             candidates = list(
@@ -602,6 +800,10 @@ class TurnRunner:
                         select(models.Session.id).where(
                             models.Session.active_turn_id.is_not(None),
                             models.Session.last_activity_at <= cutoff,
+                            or_(
+                                models.Session.runner_renewed_at.is_(None),
+                                models.Session.runner_renewed_at <= cutoff,
+                            ),
                         )
                     )
                 ).all()
@@ -626,6 +828,7 @@ class TurnRunner:
             session = await sessions_service.lock_session(db, session_id)
             if session is None or session.active_turn_id is None:
                 return []
+            session.runner_epoch += 1
             turn_id = session.active_turn_id
             messages = await checkpoint.streaming_messages(db, session_id)
             for message in messages:
@@ -654,9 +857,21 @@ class TurnRunner:
             return [m.id for m in messages]
 
     async def _sweep(self) -> None:
+        # Start-up recovered what had gone unrenewed for two renewal periods; a turn of
+        # a process that died just before this one started is seen one pass later.
+        startup = 2 * self.settings.runner_renew_seconds
+        await asyncio.sleep(startup)
+        with contextlib.suppress(Exception):
+            await self.recover(grace_seconds=startup)
+        grace = self.settings.runner_sweep_seconds
         while True:
-            await asyncio.sleep(self.settings.runner_sweep_seconds)
+            await asyncio.sleep(grace)
             try:
-                await self.recover(grace_seconds=self.settings.runner_sweep_seconds)
+                # Just after this node's lease connection came back (a database
+                # restart), every other runner's renewals look stale too: give them a
+                # whole grace period to regain their leases first.
+                if not await self.leases.settled(grace):
+                    continue
+                await self.recover(grace_seconds=grace)
             except Exception as exc:
                 log.warning("runner sweep failed: %s", exc)
