@@ -46,6 +46,7 @@ async def _has_keys(settings: Settings) -> bool:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app import server
     from app.db.migrate import upgrade
     from app.main import create_app
 
@@ -86,8 +87,15 @@ def serve(args: argparse.Namespace) -> int:
         "host": settings.host,
         "port": settings.port,
         "log_level": settings.log_level,
-        "proxy_headers": True,
+        # X-Forwarded-For / -Proto only from the configured proxies: otherwise any
+        # client could pick the address it is rate limited by.
+        "proxy_headers": bool(settings.trusted_proxies),
+        "forwarded_allow_ips": settings.trusted_proxies or None,
         "timeout_graceful_shutdown": 5,
+        # Read deadlines and problem+json for what uvicorn answers itself.
+        "http": server.protocol(settings),
+        # No WebSocket routes: an upgrade request is an ordinary request.
+        "ws": "none",
     }
     if args.workers == 1:
         uvicorn.run(create_app(settings), **common)
@@ -95,6 +103,8 @@ def serve(args: argparse.Namespace) -> int:
     # Each worker builds its app from the environment (its own pool, LISTEN connection
     # and runner); migrations already ran here, once.
     os.environ["AUTO_MIGRATE"] = "false"
+    # The workers share the service's budgets (rate and stream limits).
+    os.environ.setdefault("EXPECTED_INSTANCES", str(args.workers))
     uvicorn.run("app.main:create_app", factory=True, workers=args.workers, **common)
     return 0
 
@@ -108,12 +118,37 @@ def migrate(_args: argparse.Namespace) -> int:
     return 0
 
 
+def _revocation_target(text: str) -> dict[str, Any] | str:
+    """What `keys revoke` was given: a key id or a whole key (never a prefix, which
+    may be shared by several keys); else the error to print (without echoing the input,
+    which may be a mistyped secret)."""
+    from app import auth
+    from app.ids import IdParseError, parse_id
+
+    if text.startswith("key_"):
+        try:
+            return {"key_id": parse_id("key", text)}
+        except IdParseError as exc:
+            return f"Invalid key ID: {exc}"
+    if auth.KEY_PATTERN.fullmatch(text):
+        return {"key_hash": auth.hash_key(text)}
+    return (
+        "keys revoke takes a key id (key_<32 hex>, as `keys list` shows it) or a whole "
+        "key (evm_<64 hex>); a prefix is not enough"
+    )
+
+
 async def _keys(args: argparse.Namespace) -> int:
     from app import auth
     from app.db.session import Database
     from app.ids import IdParseError, format_id, parse_id
+    from app.live.bus import create_bus
 
-    database = Database.from_settings(get_settings())
+    settings = get_settings()
+    database = Database.from_settings(settings)
+    # Key changes are announced like the service's own writes: a NOTIFY with the COMMIT
+    # on PostgreSQL, heard by every server; SQLite servers poll the keys table.
+    database.hooks = create_bus(settings.database_url)
     try:
         if args.keys_command == "create":
             try:
@@ -138,11 +173,19 @@ async def _keys(args: argparse.Namespace) -> int:
                         f"{format_id('key', row.id)}\t{format_id('org', row.organization_id)}\t{row.prefix}…\t{state}\t{row.name or ''}"
                     )
         elif args.keys_command == "revoke":
+            target = _revocation_target(args.key)
+            if isinstance(target, str):
+                print(target, file=sys.stderr)
+                return 2
             async with database.write() as db:
-                if args.key.startswith("key_"):
-                    count = await auth.revoke_key(db, key_id=parse_id("key", args.key))
-                else:
-                    count = await auth.revoke_key(db, prefix=args.key[:12])
+                count = await auth.revoke_key(db, **target)
+            if count:
+                # Return once running servers have applied it, so the key's next
+                # request fails: they poll every keys_poll_seconds (SQLite), or hear
+                # the NOTIFY within milliseconds (PostgreSQL).
+                await asyncio.sleep(
+                    (settings.keys_poll_seconds if settings.is_sqlite else 0) + 0.25
+                )
             print(f"revoked {count} key(s)")
             return 0 if count else 1
         return 0
@@ -208,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     p_create.add_argument("--name")
     key_commands.add_parser("list", help="list keys (never the keys themselves)")
     p_revoke = key_commands.add_parser(
-        "revoke", help="revoke a key by its key_ id or the key itself"
+        "revoke", help="revoke a key by its key_ id or the whole key (not a prefix)"
     )
     p_revoke.add_argument("key")
     p_keys.set_defaults(func=keys)

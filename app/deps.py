@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Header, Path, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.auth import Caller
 from app.db.writes import Write
 from app.ids import parse_or_400
 from app.state import AppState
@@ -21,11 +22,18 @@ async def get_state(request: Request) -> AppState:
 StateDep = Annotated[AppState, Depends(get_state)]
 
 
-async def current_org(
+async def current_caller(
     state: StateDep,
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
-) -> uuid.UUID:
-    return await state.keys.organization_for(authorization)
+) -> Caller:
+    return await state.keys.resolve(authorization)
+
+
+CallerDep = Annotated[Caller, Depends(current_caller)]
+
+
+async def current_org(caller: CallerDep) -> uuid.UUID:
+    return caller.organization_id
 
 
 OrgId = Annotated[uuid.UUID, Depends(current_org)]

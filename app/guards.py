@@ -1,17 +1,19 @@
 """Request guards: body size and content type, rate limits, and the size and shape limits
 of message and session inputs. Each refusal is problem+json and happens before any write."""
 
-import hashlib
+import ipaddress
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.auth import credential_from_header
-from app.errors import Unprocessable, problem_response
+from app.auth import Caller, KeyResolver, credential_hash
+from app.errors import Unauthorized, Unprocessable, problem_response
 from app.settings import Settings
 
 BODY_METHODS = {b"POST", b"PUT", b"PATCH", "POST", "PUT", "PATCH"}
@@ -105,44 +107,121 @@ class BodyGuardMiddleware:
         await response(scope, receive, send)
 
 
+def client_address(scope: Scope) -> str:
+    """Who the rate limiter counts a request against when no known key names it: the
+    client's address (as uvicorn reports it: the peer, or what a trusted proxy says in
+    `X-Forwarded-For`), an IPv6 client by its /64, which one host can rotate through."""
+    client = scope.get("client")
+    host: str = client[0] if client else "unknown"
+    if ":" not in host:
+        return host
+    try:
+        address = ipaddress.IPv6Address(host)
+    except ValueError:
+        return host
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(ipaddress.IPv6Network((address, 64), strict=False))
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    rate: float
+    burst: float
+
+    @classmethod
+    def share(cls, rate: float, burst: int, instances: int) -> "Budget":
+        """One process's share of a service-wide budget."""
+        return cls(rate / instances, max(1.0, burst / instances))
+
+
 class RateLimiter:
-    """A token bucket per API key (by the hash of the credential sent) or, without one, per
-    client address. Per process: behind a load balancer of N processes a client gets up to
-    N times the rate."""
+    """Token buckets, each with its budget:
+
+    * a known key (valid when last checked) has a bucket of its own, by its hash, with
+      the full budget (`rate`, `burst`);
+    * a request whose credential is not a known key (a fresh, mistyped, bogus or revoked
+      key) counts against its client address's bucket for unknown credentials, a small
+      budget (`unknown`): each such request may cost a database lookup, and rotating
+      bogus keys buys no new buckets;
+    * a request without a credential, or any request in open mode (no keys exist),
+      counts against its client address's bucket, with the full budget.
+
+    Buckets are per process; the budgets are what one process grants, so they are the
+    configured ones divided by the number of processes serving the API (see
+    `Settings.instances`). The least recently used bucket is dropped beyond
+    MAX_BUCKETS (a dropped bucket is as good as a full one)."""
 
     MAX_BUCKETS = 100_000
 
-    def __init__(self, rate: float, burst: int) -> None:
-        self.rate = rate
-        self.burst = float(burst)
+    def __init__(self, budget: Budget, unknown: Budget) -> None:
+        self.budget = budget
+        self.unknown = unknown
         self.buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        # Set once the application has started: which keys are known.
+        self.keys: KeyResolver | None = None
 
-    def _take(self, key: str) -> float:
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "RateLimiter | None":
+        if settings.rate_limit_per_second <= 0:
+            return None
+        n = settings.instances
+        return cls(
+            Budget.share(settings.rate_limit_per_second, settings.rate_limit_burst, n),
+            Budget.share(
+                settings.rate_limit_unknown_key_per_second,
+                settings.rate_limit_unknown_key_burst,
+                n,
+            ),
+        )
+
+    def _take(self, key: str, budget: Budget) -> float:
         """Take a token; returns 0 when allowed, else seconds until one is available."""
         now = time.monotonic()
-        tokens, stamp = self.buckets.pop(key, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - stamp) * self.rate)
+        tokens, stamp = self.buckets.pop(key, (budget.burst, now))
+        tokens = min(budget.burst, tokens + (now - stamp) * budget.rate)
         wait = 0.0
         if tokens >= 1:
             tokens -= 1
         else:
-            wait = (1 - tokens) / self.rate
+            wait = (1 - tokens) / budget.rate
         self.buckets[key] = (tokens, now)
         if len(self.buckets) > self.MAX_BUCKETS:
             self.buckets.popitem(last=False)
         return wait
 
-    def refusal(self, scope: Scope) -> Response | None:
-        """Take the request's token; the 429 to answer when there is none."""
-        # The key itself, however the header spells it (`Bearer <key>` or bare), so one
-        # key is one bucket.
-        credential = credential_from_header(_header(scope, b"authorization"))
-        if credential:
-            key = "key:" + hashlib.sha256(credential.encode()).hexdigest()
-        else:
-            client = scope.get("client")
-            key = "addr:" + (client[0] if client else "unknown")
-        wait = self._take(key)
+    async def refusal(self, scope: Scope) -> Response | None:
+        """Take the request's token; the 429 to answer when there is none. A key not
+        known yet is looked up here, under the budget for unknown credentials; a valid
+        one then takes its token from its own bucket too, so a key's first request
+        counts against it like any other."""
+        keys = self.keys
+        if keys is None or keys.is_open:
+            return self._refusal(scope, "addr:" + client_address(scope), self.budget)
+        digest = credential_hash(_header(scope, b"authorization"))
+        if digest is None:
+            return self._refusal(scope, "addr:" + client_address(scope), self.budget)
+        if not keys.is_known(digest):
+            refused = self._refusal(
+                scope, "unknown:" + client_address(scope), self.unknown
+            )
+            if refused is not None:
+                return refused
+            try:
+                await keys.resolve_key(digest)
+            except (Unauthorized, SQLAlchemyError):
+                # The route answers it (401 from the negative cache, or the outage).
+                return None
+        return self._refusal(scope, "key:" + digest, self.budget)
+
+    def refusal_for(self, scope: Scope, caller: Caller) -> Response | None:
+        """`refusal` for a request whose caller is already resolved (the hot path)."""
+        if caller.key_hash is None:
+            return self._refusal(scope, "addr:" + client_address(scope), self.budget)
+        return self._refusal(scope, "key:" + caller.key_hash, self.budget)
+
+    def _refusal(self, scope: Scope, bucket: str, budget: Budget) -> Response | None:
+        wait = self._take(bucket, budget)
         if wait <= 0:
             return None
         return problem_response(
@@ -165,7 +244,7 @@ class RateLimitMiddleware:
         if scope["type"] != "http" or scope.get("path") == "/health":
             await self.app(scope, receive, send)
             return
-        refusal = self.limiter.refusal(scope)
+        refusal = await self.limiter.refusal(scope)
         if refusal is not None:
             await refusal(scope, receive, send)
             return
@@ -194,7 +273,12 @@ def check_json_field(name: str, value: Any, settings: Settings) -> None:
         raise Unprocessable(
             f"{name}: nested deeper than {settings.max_json_depth} levels"
         )
-    if len(orjson.dumps(value)) > settings.max_json_bytes:
+    try:
+        encoded = orjson.dumps(value)
+    except TypeError:
+        # orjson stores what the checkpoint writer can: integers within 64 bits.
+        raise Unprocessable(f"{name}: integers must fit in 64 bits") from None
+    if len(encoded) > settings.max_json_bytes:
         raise Unprocessable(
             f"{name}: larger than {settings.max_json_bytes} bytes encoded"
         )

@@ -20,6 +20,7 @@ from urllib.parse import parse_qsl
 
 from starlette.types import Receive, Scope, Send
 
+from app.auth import Caller
 from app.errors import AppError, NotFound, failure_response, next_request_id
 from app.guards import RateLimiter
 from app.live import service as live_service
@@ -140,11 +141,12 @@ class HotRoutes:
                 if_none_match = value.decode("latin-1")
             elif name == b"last-event-id":
                 last_event_id = value.decode("latin-1")
-        org = state.keys.cached_organization(authorization)
-        if org is None:
+        caller = state.keys.cached(authorization)
+        if caller is None:
             return False
+        org = caller.organization_id
         if self.limiter is not None:
-            refusal = self.limiter.refusal(scope)
+            refusal = self.limiter.refusal_for(scope, caller)
             if refusal is not None:
                 refusal.raw_headers.append(request.id_header)
                 request.started = True
@@ -154,11 +156,11 @@ class HotRoutes:
         if parts[4] == "sse" or parts[-1] == "stream":
             if len(parts) == 5 and parts[4] == "sse":
                 opened = await _open_upstream(
-                    state, org, session_id, scope["query_string"], last_event_id
+                    state, caller, session_id, scope["query_string"], last_event_id
                 )
             elif len(parts) == 6 and parts[4] == "messages":
                 opened = await _open_mutations(
-                    state, org, session_id, scope["query_string"], last_event_id
+                    state, caller, session_id, scope["query_string"], last_event_id
                 )
             else:
                 return False
@@ -167,7 +169,7 @@ class HotRoutes:
             opened.raw_headers.append(request.id_header)
             request.started = True
             # This frame lives as long as the stream: hold nothing in it.
-            del parts, authorization, if_none_match, last_event_id
+            del parts, authorization, if_none_match, last_event_id, caller
             await opened(scope, receive, send)
             return True
         if len(parts) == 6:
@@ -235,7 +237,7 @@ def _stream_query(
 
 async def _open_upstream(
     state: "AppState",
-    org: uuid.UUID,
+    caller: Caller,
     session_id: uuid.UUID,
     raw: bytes,
     last_event_id: str | None,
@@ -253,13 +255,14 @@ async def _open_upstream(
     try:
         return await live_service.open_upstream(
             state,
-            organization_id=org,
+            organization_id=caller.organization_id,
             session_id=session_id,
             since_id=since[0] if since else None,
             after_sequence=after_sequence,
             types=query.get("types", ()),
             exclude=query.get("exclude", ()),
             last_event_id=last_event_id,
+            key_hash=caller.key_hash,
         )
     except AppError:
         return None
@@ -267,7 +270,7 @@ async def _open_upstream(
 
 async def _open_mutations(
     state: "AppState",
-    org: uuid.UUID,
+    caller: Caller,
     session_id: uuid.UUID,
     raw: bytes,
     last_event_id: str | None,
@@ -282,11 +285,12 @@ async def _open_mutations(
     try:
         return await live_service.open_mutations(
             state,
-            organization_id=org,
+            organization_id=caller.organization_id,
             session_id=session_id,
             after=after[0] if after else None,
             include_internal=internal == "true",
             last_event_id=last_event_id,
+            key_hash=caller.key_hash,
         )
     except AppError:
         return None

@@ -30,6 +30,7 @@ from app.live.dispatch import Dispatcher
 from app.live.fanout import Fanout
 from app.live.limits import StreamLimits
 from app.live.router import router as live_router
+from app.messages.admission import TurnAdmission
 from app.messages.cache import PageCache
 from app.messages.router import router as messages_router
 from app.runner.runner import TurnRunner
@@ -73,11 +74,7 @@ class Service(FastAPI):
 
 def create_app(settings: Settings | None = None) -> Service:
     settings = settings or get_settings()
-    limiter = (
-        RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
-        if settings.rate_limit_per_second > 0
-        else None
-    )
+    limiter = RateLimiter.from_settings(settings)
     hot = HotRoutes(limiter, cors=bool(settings.cors_origins))
 
     @asynccontextmanager
@@ -97,7 +94,14 @@ def create_app(settings: Settings | None = None) -> Service:
             send_timeout_seconds=settings.sse_send_timeout_seconds,
         )
         runner = TurnRunner(settings=settings, database=database, bus=bus)
-        dispatcher = Dispatcher(bus, cache, fanout, runner)
+        keys = KeyResolver(
+            database,
+            ttl_seconds=settings.auth_cache_seconds,
+            # PostgreSQL announces key changes on the bus; SQLite's come from another
+            # process (the CLI), which has no bus to reach this one.
+            poll_seconds=settings.keys_poll_seconds if settings.is_sqlite else None,
+        )
+        dispatcher = Dispatcher(bus, cache, fanout, runner, keys)
         bus.local_commit = dispatcher.committed_here
         await bus.start()
         fanout.start()
@@ -107,22 +111,35 @@ def create_app(settings: Settings | None = None) -> Service:
             database=database,
             reads=reads,
             cache=cache,
-            keys=KeyResolver(database, settings.auth_cache_seconds),
+            keys=keys,
             bus=bus,
             fanout=fanout,
             runner=runner,
             limits=StreamLimits(
-                settings.sse_max_per_session, settings.sse_max_per_process
+                # A session's streams may be spread over every process.
+                -(-settings.sse_max_per_session // settings.instances),
+                settings.sse_max_per_process,
+            ),
+            admission=TurnAdmission(
+                per_organization=settings.max_running_turns_per_org,
+                per_process=settings.max_running_turns_per_process,
+                running=lambda: runner.tasks.keys(),
             ),
         )
         app.state.app = state
+        await keys.start()
+        if limiter is not None:
+            limiter.keys = keys
         await runner.start()
         hot.state = state
         try:
             yield
         finally:
             hot.state = None
+            if limiter is not None:
+                limiter.keys = None
             await runner.stop()
+            await keys.stop()
             await fanout.close()
             await bus.stop()
             await reads.close()

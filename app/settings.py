@@ -1,9 +1,10 @@
 """Service configuration, read from the environment (and an optional `.env` file)."""
 
+import ipaddress
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/evermirror.db"
@@ -63,14 +64,37 @@ class Settings(BaseSettings):
     # would pass this many bytes (it always holds at least one item) and says where
     # the rest continues, so no request builds an unbounded response.
     max_list_bytes: int = 2_000_000
-    # Token bucket per API key (per client address in open mode); 0 disables it.
+    # Token bucket per API key (per client address without a key, and in open mode);
+    # 0 disables rate limiting.
     rate_limit_per_second: float = 100.0
     rate_limit_burst: int = 400
+    # Requests whose credential is not a known key (each may cost a database lookup)
+    # share this smaller budget per client address, however many keys they rotate.
+    rate_limit_unknown_key_per_second: float = 1.0
+    rate_limit_unknown_key_burst: int = 20
+    # Reverse proxies (addresses or networks) whose X-Forwarded-For / -Proto headers are
+    # believed; none by default, so a client cannot pick its own address.
+    trusted_proxies: Annotated[list[str], NoDecode] = []
+    # How many processes serve the API in total (all nodes, all workers). Rate limits
+    # and the per-session stream limit are budgets for the whole service: each process
+    # grants its share. Unset: the `--workers` of this `serve` (1 by default).
+    expected_instances: int | None = Field(default=None, ge=1)
+    # Slow clients: a request's header (from its first byte, or from the connection for
+    # the first request) and then its body must arrive within these, or it is answered
+    # 408 and the connection closed. Responses, streams included, are not timed.
+    header_read_timeout_seconds: float = 10.0
+    body_read_timeout_seconds: float = 10.0
+    # A request header larger than this is answered 431 (uvicorn sets no limit).
+    max_header_bytes: int = 65_536
     # Browser origins allowed to call the API and open the streams (CORS); none by default.
     cors_origins: Annotated[list[str], NoDecode] = []
 
-    # Seconds an API key lookup (and the "are there any keys" answer) stays cached.
-    auth_cache_seconds: float = 5.0
+    # Key changes (created, revoked) reach every process at once: on PostgreSQL as a
+    # NOTIFY, on SQLite by polling the keys table every `keys_poll_seconds`. A resolution
+    # is also re-read after `auth_cache_seconds`, for changes made behind the service's
+    # back (plain SQL on PostgreSQL).
+    auth_cache_seconds: float = 60.0
+    keys_poll_seconds: float = 0.25
 
     # Live streams.
     sse_heartbeat_seconds: float = 30.0
@@ -93,19 +117,36 @@ class Settings(BaseSettings):
     # How long a runner keeps trying to regain a lost lease, or to write a checkpoint
     # while the database is unavailable, before it gives the turn up.
     runner_outage_seconds: float = 60.0
+    # Turns running at once: per organization (across every process) and per process.
+    # A message that would start one more is answered 429; 0 disables a cap.
+    max_running_turns_per_org: int = Field(default=100, ge=0)
+    max_running_turns_per_process: int = Field(default=500, ge=0)
 
     @field_validator("database_url")
     @classmethod
     def _normalize_url(cls, value: str) -> str:
         return normalize_database_url(value)
 
-    @field_validator("cors_origins", mode="before")
+    @field_validator("cors_origins", "trusted_proxies", mode="before")
     @classmethod
-    def _split_origins(cls, value: Any) -> Any:
+    def _split_list(cls, value: Any) -> Any:
         # CORS_ORIGINS=https://a.example,https://b.example
         if isinstance(value, str):
-            return [origin.strip() for origin in value.split(",") if origin.strip()]
+            return [item.strip() for item in value.split(",") if item.strip()]
         return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_networks(cls, value: list[str]) -> list[str]:
+        for item in value:
+            # An address or a network (10.0.0.0/8); raises ValueError otherwise.
+            ipaddress.ip_network(item, strict=False)
+        return value
+
+    @property
+    def instances(self) -> int:
+        """The processes sharing the service's budgets."""
+        return self.expected_instances or 1
 
     @property
     def is_sqlite(self) -> bool:

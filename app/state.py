@@ -13,6 +13,7 @@ from app.settings import Settings
 
 if TYPE_CHECKING:
     from app.live.limits import StreamLimits
+    from app.messages.admission import TurnAdmission
     from app.runner.runner import TurnRunner
 
 
@@ -27,3 +28,4 @@ class AppState:
     fanout: Fanout
     runner: "TurnRunner"
     limits: "StreamLimits"
+    admission: "TurnAdmission"

@@ -15,6 +15,8 @@ class Outbox:
     kicks: set[uuid.UUID] = field(default_factory=set)
     # Sessions this transaction deleted: every process drops what it holds of them.
     deleted: set[uuid.UUID] = field(default_factory=set)
+    # An API key was created or revoked: every process re-checks the keys it trusts.
+    keys_changed: bool = False
 
     def wake(self, session_id: uuid.UUID, sequence: int) -> None:
         if sequence > self.wakeups.get(session_id, 0):
@@ -27,4 +29,4 @@ class Outbox:
         self.deleted.add(session_id)
 
     def __bool__(self) -> bool:
-        return bool(self.wakeups or self.kicks or self.deleted)
+        return bool(self.wakeups or self.kicks or self.deleted or self.keys_changed)

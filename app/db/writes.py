@@ -169,6 +169,18 @@ WHERE session_id = :session_id AND client_message_id = :client_message_id"""
 
 REQUEST_CANCEL = "UPDATE sessions SET cancel_requested_at = :now WHERE id = :session_id"
 
+LOCK_ORGANIZATION = "SELECT pg_advisory_xact_lock(:lock_class, :lock_id)"
+# The advisory-lock class of organization locks ("EVMO").
+ORGANIZATION_LOCK = 0x45564D4F
+
+
+def _int4(value: uuid.UUID) -> int:
+    """A signed 32-bit key for an advisory lock: the UUID's low bits (organizations that
+    collide merely share a lock)."""
+    low = value.int & 0xFFFFFFFF
+    return low - (1 << 32) if low >= 1 << 31 else low
+
+
 _PLACEHOLDER = re.compile(r"(?<![:\w]):(\w+)")
 
 
@@ -321,6 +333,12 @@ class Write:
     async def request_cancel(self, session_id: uuid.UUID, now: datetime) -> None:
         await self._execute(REQUEST_CANCEL, session_id=session_id, now=now)
 
+    async def lock_organization(self, organization_id: uuid.UUID) -> None:
+        """Serialize, until the unit of work ends, the units of work of one organization
+        that take this lock (turn admission). SQLite: the unit already holds the
+        database write lock."""
+        await self._begin()
+
     def notify(self, channel: str, payload: str) -> None:
         """A NOTIFY sent with COMMIT (PostgreSQL): delivered if and when it commits."""
         raise NotImplementedError
@@ -417,6 +435,15 @@ class PgWrite(Write):
     async def lock_session(self, session_id: uuid.UUID) -> LockedSession | None:
         rows = await self._fetch(LOCK_SESSION + " FOR UPDATE", session_id=session_id)
         return LockedSession(session_id, *rows[0]) if rows else None
+
+    async def lock_organization(self, organization_id: uuid.UUID) -> None:
+        # A transaction-scoped advisory lock in a key space of its own (the two-key
+        # form, class ORGANIZATION_LOCK), apart from the runner leases' one-key locks.
+        await self._fetch(
+            LOCK_ORGANIZATION,
+            lock_class=ORGANIZATION_LOCK,
+            lock_id=_int4(organization_id),
+        )
 
     async def save_checkpoint(
         self,

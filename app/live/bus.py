@@ -28,6 +28,7 @@ from app.ids import format_id, uuid7
 from app.live.items import (
     BusItem,
     Deleted,
+    KeysChanged,
     Kick,
     PartStarted,
     RepublishParts,
@@ -94,6 +95,8 @@ class MemoryBus(Bus):
             self.sink(Wakeup(session_id, sequence))
         for session_id in outbox.deleted:
             self.sink(Deleted(session_id))
+        if outbox.keys_changed:
+            self.sink(KeysChanged())
         super().after_commit(outbox)
 
     async def publish(self, item: BusItem) -> None:
@@ -143,6 +146,8 @@ def encode(item: BusItem) -> dict[str, Any]:
         return {"k": "rp", "m": item.message_id.hex}
     if isinstance(item, Kick):
         return {"k": "kick", "s": item.session_id.hex}
+    if isinstance(item, KeysChanged):
+        return {"k": "keys"}
     return {"k": "resync"}
 
 
@@ -179,6 +184,8 @@ def decode(data: dict[str, Any]) -> BusItem:
         return RepublishParts(uuid.UUID(hex=data["m"]))
     if kind == "kick":
         return Kick(uuid.UUID(hex=data["s"]))
+    if kind == "keys":
+        return KeysChanged()
     return Resync()
 
 
@@ -280,6 +287,8 @@ class PgBus(Bus):
         outbox = db.outbox
         items: list[BusItem] = [Wakeup(s, q) for s, q in outbox.wakeups.items()]
         items += [Deleted(s) for s in outbox.deleted]
+        if outbox.keys_changed:
+            items.append(KeysChanged())
         for item in items:
             db.notify(CHANNEL, orjson.dumps(encode(item)).decode())
 
@@ -290,6 +299,8 @@ class PgBus(Bus):
             self.local_commit(session_id, sequence)
         for session_id in outbox.deleted:
             self.local_commit(session_id, None)
+        if outbox.keys_changed:
+            self.sink(KeysChanged())
         super().after_commit(outbox)
 
     async def publish(self, item: BusItem) -> None:

@@ -1,18 +1,21 @@
 """Routes every bus item that reaches this process to what needs it: the hot-read cache
-(wake-ups and deletions invalidate), the fan-out (what stream subscribers need) and the
-turn runner's inbox (kicks, republish requests, and wake-ups of the sessions it runs,
-which is how a cancel sent to any process reaches it)."""
+(wake-ups and deletions invalidate), the fan-out (what stream subscribers need), the
+key resolver (key changes) and the turn runner's inbox (kicks, republish requests, and
+wake-ups of the sessions it runs, which is how a cancel sent to any process reaches
+it)."""
 
 import asyncio
 import time
 import uuid
 from typing import Protocol
 
+from app.auth import KeyResolver
 from app.live.bus import Bus
 from app.live.fanout import Fanout
 from app.live.items import (
     BusItem,
     Deleted,
+    KeysChanged,
     Kick,
     PartStarted,
     RepublishParts,
@@ -33,17 +36,31 @@ class RunnerInbox(Protocol):
 
 class Dispatcher:
     def __init__(
-        self, bus: Bus, cache: PageCache, fanout: Fanout, runner: RunnerInbox
+        self,
+        bus: Bus,
+        cache: PageCache,
+        fanout: Fanout,
+        runner: RunnerInbox,
+        keys: KeyResolver,
     ) -> None:
         self.bus = bus
         self.cache = cache
         self.fanout = fanout
         self.runner = runner
+        self.keys = keys
         self._asked: dict[uuid.UUID, float] = {}
         self._background: set[asyncio.Task[None]] = set()
         bus.sink = self.deliver
-        bus.on_listening = cache.connected
+        bus.on_listening = self.listening
         fanout.on_missed_part = self.ask_republish
+        keys.on_revoked = fanout.revoke
+        keys.streaming = fanout.key_hashes
+
+    def listening(self, heard: bool) -> None:
+        """Whether this process hears every bus item: while it may miss some, neither
+        cached pages nor cached keys are trusted."""
+        self.cache.connected(heard)
+        self.keys.listening(heard)
 
     def deliver(self, item: BusItem) -> None:
         if isinstance(item, TextDelta | PartStarted | StepEnded):
@@ -55,9 +72,12 @@ class Dispatcher:
         elif isinstance(item, Deleted):
             self.cache.deleted(item.session_id)
             self.fanout.deliver(item)
+        elif isinstance(item, KeysChanged):
+            self.keys.changed()
         elif isinstance(item, Resync):
             self.fanout.deliver(item)
             self.runner.deliver(item)
+            self.keys.changed()
         else:
             self.runner.deliver(item)
 

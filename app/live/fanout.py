@@ -93,6 +93,8 @@ HEARTBEAT = Marker("heartbeat")
 CYCLE = Marker("cycle")
 # The session was deleted.
 GONE = Marker("gone")
+# The key the stream was opened with was revoked.
+REVOKED = Marker("revoked")
 
 Out = EventOut | MessageOut | PartOut | DeltaOut | Marker
 
@@ -105,6 +107,7 @@ class Subscription:
     __slots__ = (
         "closed",
         "deadline",
+        "key_hash",
         "limit",
         "next_heartbeat",
         "overflowed",
@@ -114,9 +117,15 @@ class Subscription:
     )
 
     def __init__(
-        self, session_id: uuid.UUID, limit: int, heartbeat_seconds: float
+        self,
+        session_id: uuid.UUID,
+        limit: int,
+        heartbeat_seconds: float,
+        key_hash: str | None = None,
     ) -> None:
         self.session_id = session_id
+        # The key the stream was opened with (None: open mode).
+        self.key_hash = key_hash
         self.limit = limit
         # A list, not a deque: an idle stream holds it, and an empty deque costs a
         # 0.7 KB block; queues are short, so popping the front is cheap.
@@ -143,13 +152,21 @@ class Subscription:
         self.closed = True
         self._wake()
 
+    def end(self, marker: "Marker") -> None:
+        """End the stream with `marker` next, ahead of anything still queued."""
+        if not self.closed:
+            self.pending.insert(0, marker)
+            self.closed = True
+            self._wake()
+
     def _wake(self) -> None:
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     async def next(self) -> Out | None:
-        """The next item; None once the subscription overflowed or was closed."""
+        """The next item; None once the subscription overflowed or was closed (and what
+        `end` queued was taken)."""
         while not self.pending:
             if self.overflowed or self.closed:
                 return None
@@ -292,8 +309,12 @@ class Fanout:
 
     # ---- subscriber side -----------------------------------------------------------
 
-    def subscribe(self, session_id: uuid.UUID) -> Subscription:
-        sub = Subscription(session_id, self.queue_size, self.heartbeat_seconds)
+    def subscribe(
+        self, session_id: uuid.UUID, key_hash: str | None = None
+    ) -> Subscription:
+        sub = Subscription(
+            session_id, self.queue_size, self.heartbeat_seconds, key_hash
+        )
         channel = self.channels.get(session_id)
         if channel is None:
             channel = Channel(session_id)
@@ -313,6 +334,22 @@ class Fanout:
             del self.channels[sub.session_id]
             if channel.task is not None:
                 channel.task.cancel()
+
+    def key_hashes(self) -> set[str]:
+        """The keys local streams were opened with."""
+        return {
+            sub.key_hash
+            for channel in self.channels.values()
+            for sub in channel.subscribers
+            if sub.key_hash is not None
+        }
+
+    def revoke(self, key_hashes: set[str | None]) -> None:
+        """End every local stream opened with one of these keys (None: in open mode)."""
+        for channel in tuple(self.channels.values()):
+            for sub in tuple(channel.subscribers):
+                if sub.key_hash in key_hashes:
+                    sub.end(REVOKED)
 
     def count(self, session_id: uuid.UUID | None = None) -> int:
         if session_id is None:

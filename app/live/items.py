@@ -23,6 +23,12 @@ class Deleted:
 
 
 @dataclass(frozen=True, slots=True)
+class KeysChanged:
+    """An API key was created or revoked: re-check the keys this process trusts, and end
+    the streams of revoked ones. Sent with the change's COMMIT (PostgreSQL)."""
+
+
+@dataclass(frozen=True, slots=True)
 class PartStarted:
     """A part began in the live projection of a streaming message (carries its text so
     far), extending the committed `revision`."""
@@ -83,6 +89,7 @@ class Resync:
 BusItem = (
     Wakeup
     | Deleted
+    | KeysChanged
     | PartStarted
     | TextDelta
     | StepEnded

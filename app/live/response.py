@@ -5,12 +5,16 @@ timeout scope or task. A client that disconnects is noticed by one waiter on
 `receive()`; a client whose socket stops accepting data is noticed by the fan-out's
 process timer. Either way the response's task is cancelled where it waits, its stream
 generator is closed (releasing its subscription and slot), and it returns.
+
+The response releases the stream's slot itself too, as it ends: a generator closed
+before it ever ran (the client left before the first frame) runs none of its own
+cleanup, and its slot would otherwise wait for the garbage collector.
 """
 
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -32,7 +36,12 @@ class EventStreamResponse(Response):
     media_type = None
 
     def __init__(
-        self, stream: AsyncIterator[bytes], fanout: Fanout, status_code: int = 200
+        self,
+        stream: AsyncIterator[bytes],
+        fanout: Fanout,
+        status_code: int = 200,
+        *,
+        release: Callable[[], None] = lambda: None,
     ) -> None:
         # No Response.__init__: a stream has no body and so no Content-Length.
         # (`status_code` is here for FastAPI, which reads its default for the OpenAPI.)
@@ -41,8 +50,16 @@ class EventStreamResponse(Response):
         self.status_code = status_code
         self.background = None
         self.raw_headers = list(HEADERS)
+        # Frees the stream's connection slot; idempotent (the generator calls it too).
+        self.release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._stream(scope, receive, send)
+        finally:
+            self.release()
+
+    async def _stream(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send(
             {
                 "type": "http.response.start",

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
 
-from app.deps import OrgId, SessionId, StateDep
+from app.deps import CallerDep, SessionId, StateDep
 from app.errors import problem_responses
 from app.events.router import EVENT_ID_SCHEMA, TypeFilter
 from app.events.types import VALID_EVENT_TYPES
@@ -139,7 +139,7 @@ CURSOR_HEADER_SCHEMA = _header_schema("^[0-9]*$")
 async def stream_sse(
     session_id: SessionId,
     state: StateDep,
-    org: OrgId,
+    caller: CallerDep,
     since_id: Annotated[str | None, Query(json_schema_extra=EVENT_ID_SCHEMA)] = None,
     after_sequence: Annotated[
         int | None,
@@ -158,13 +158,14 @@ async def stream_sse(
     precedes each periodic close."""
     return await service.open_upstream(
         state,
-        organization_id=org,
+        organization_id=caller.organization_id,
         session_id=session_id,
         since_id=since_id,
         after_sequence=after_sequence,
         types=types or (),
         exclude=exclude or (),
         last_event_id=last_event_id,
+        key_hash=caller.key_hash,
     )
 
 
@@ -176,7 +177,7 @@ async def stream_sse(
 async def stream_messages(
     session_id: SessionId,
     state: StateDep,
-    org: OrgId,
+    caller: CallerDep,
     after: Annotated[
         str | None,
         Query(
@@ -196,9 +197,10 @@ async def stream_messages(
     messages still streaming."""
     return await service.open_mutations(
         state,
-        organization_id=org,
+        organization_id=caller.organization_id,
         session_id=session_id,
         after=after,
         include_internal=include_internal,
         last_event_id=last_event_id,
+        key_hash=caller.key_hash,
     )

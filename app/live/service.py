@@ -57,9 +57,11 @@ async def open_upstream(
     types: Sequence[str],
     exclude: Sequence[str],
     last_event_id: str | None,
+    key_hash: str | None = None,
 ) -> EventStreamResponse:
     """Upstream's `/sse`, resuming after `since_id`, `after_sequence` or the
-    `Last-Event-ID` header (in that order)."""
+    `Last-Event-ID` header (in that order). It ends when `key_hash` (the key the
+    caller authenticated with) is revoked."""
     type_filter = set(validate_types("types", types))
     exclude_filter = set(validate_types("exclude", exclude))
     if since_id is not None and after_sequence is not None:
@@ -96,8 +98,10 @@ async def open_upstream(
             accept=accept,
             config=_config(state, "heartbeat"),
             release=slot.release,
+            key_hash=key_hash,
         ),
         state.fanout,
+        release=slot.release,
     )
 
 
@@ -109,8 +113,10 @@ async def open_mutations(
     after: str | None,
     include_internal: bool,
     last_event_id: str | None,
+    key_hash: str | None = None,
 ) -> EventStreamResponse:
-    """The Mutation stream, resuming after `?after=` or the `Last-Event-ID` header."""
+    """The Mutation stream, resuming after `?after=` or the `Last-Event-ID` header. It
+    ends when `key_hash` is revoked."""
     header = _sequence(last_event_id, "Last-Event-ID") if last_event_id else None
     if after is not None:
         cursor = _sequence(after, "after") if after else None
@@ -127,6 +133,8 @@ async def open_mutations(
             include_internal=include_internal,
             config=_config(state, "ping"),
             release=slot.release,
+            key_hash=key_hash,
         ),
         state.fanout,
+        release=slot.release,
     )

@@ -20,6 +20,7 @@ from app.live.fanout import (
     GONE,
     HEARTBEAT,
     RESYNC,
+    REVOKED,
     DeltaOut,
     EventOut,
     Fanout,
@@ -67,9 +68,11 @@ async def upstream_events(
     accept: Callable[[str], bool],
     config: StreamConfig,
     release: Callable[[], None],
+    key_hash: str | None = None,
 ) -> AsyncIterator[bytes]:
-    """Upstream's `/sse`: `connected`, replay after the cursor, then the live tail."""
-    sub = fanout.subscribe(session_id)
+    """Upstream's `/sse`: `connected`, replay after the cursor, then the live tail.
+    Revoking `key_hash` (the key it was opened with) ends it."""
+    sub = fanout.subscribe(session_id, key_hash)
     try:
         # The starting position is fixed before `connected` goes out: a client that acts
         # on `connected` (posts a message) must see everything that follows.
@@ -119,6 +122,9 @@ async def upstream_events(
             elif item is GONE:
                 yield frames.disconnecting("session_deleted", config.retry_ms)
                 return
+            elif item is REVOKED:
+                yield frames.disconnecting("unauthorized", config.retry_ms)
+                return
             elif item is RESYNC:
                 async for chunk in _replay_events(
                     database, session_id, position, accept, config
@@ -161,10 +167,12 @@ async def message_mutations(
     include_internal: bool,
     config: StreamConfig,
     release: Callable[[], None],
+    key_hash: str | None = None,
 ) -> AsyncIterator[bytes]:
     """The Mutation stream: `message` snapshots with cursor ids, `part`/`delta` of the
-    live projection, `reset` when the cursor cannot be honoured."""
-    sub = fanout.subscribe(session_id)
+    live projection, `reset` when the cursor cannot be honoured. Revoking `key_hash`
+    ends it."""
+    sub = fanout.subscribe(session_id, key_hash)
     # Characters of each live part this client has been sent, to trim overlaps.
     sent: dict[str, int] = {}
     try:
@@ -236,7 +244,7 @@ async def message_mutations(
             elif item is HEARTBEAT:
                 if config.keepalive is not None:
                     yield config.keepalive
-            elif item is CYCLE or item is GONE:
+            elif item is CYCLE or item is GONE or item is REVOKED:
                 return
             elif item is RESYNC:
                 async for chunk in _changed_messages(

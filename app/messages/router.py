@@ -31,10 +31,15 @@ async def create_message(
     `steered` (joined the running turn) or `duplicate` (this `client_message_id` was seen
     before with the same body: the stored message is returned and nothing is written).
     The same `client_message_id` with a different body is `409`
-    `client_message_id_conflict`."""
+    `client_message_id_conflict`. A message that would start a turn while its
+    organization or the server runs as many as allowed is `429` with `Retry-After`."""
     guards.check_message(data, state.settings)
     body = await service.create_message(
-        db, organization_id=org, session_id=session_id, data=data
+        db,
+        organization_id=org,
+        session_id=session_id,
+        data=data,
+        admission=state.admission,
     )
     return wire.json_response(body, 201)
 

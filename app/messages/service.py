@@ -18,6 +18,7 @@ from app.errors import (
 )
 from app.ids import format_id
 from app.messages import checkpoint, schemas
+from app.messages.admission import TurnAdmission
 from app.messages.cache import CachedPage, PageCache
 from app.sessions import service as sessions_service
 
@@ -28,13 +29,15 @@ async def create_message(
     organization_id: uuid.UUID,
     session_id: uuid.UUID,
     data: schemas.MessageCreate,
+    admission: TurnAdmission | None = None,
 ) -> bytes:
     """Store a user message and return its snapshot with `delivery`.
 
     Under the session row lock: a repeated `client_message_id` with the same body
     returns the stored message as `duplicate` and writes nothing (with another body it
     is ClientMessageIdConflict); otherwise the message starts a turn on an idle
-    session (`started`) or joins the running one (`steered`)."""
+    session (`started`, if `admission` admits a new turn: else TooManyTurns) or joins
+    the running one (`steered`)."""
     if data.message.role != "user":
         raise InvalidRequest("Only user messages can be created through this endpoint")
     session = await sessions_service.lock_owned_session(
@@ -50,6 +53,8 @@ async def create_message(
             )
             return wire.with_field(stored, "delivery", "duplicate")
     was_running = session.active_turn_id is not None
+    if not was_running and admission is not None:
+        await admission.admit(db, session)
     result, _turn_id = await checkpoint.append_user_message(
         db,
         session,

@@ -234,6 +234,20 @@ async def update_session(
     return session
 
 
+async def count_running_turns(db: Write, *, organization_id: uuid.UUID) -> int:
+    """How many of the organization's sessions run a turn, on any process."""
+    conn = await db.core()
+    count = await conn.scalar(
+        select(func.count())
+        .select_from(models.Session)
+        .where(
+            models.Session.organization_id == organization_id,
+            models.Session.active_turn_id.is_not(None),
+        )
+    )
+    return int(count or 0)
+
+
 async def delete_session(
     db: Write, *, organization_id: uuid.UUID, session_id: uuid.UUID
 ) -> None:

@@ -1,0 +1,196 @@
+"""The HTTP protocol `serve` runs: uvicorn's httptools protocol with read deadlines and a
+header size cap, and problem+json for the answers uvicorn writes itself.
+
+uvicorn has no header or body read deadline: a client that sends half a request line, or
+dribbles a body a byte at a time, holds its socket (and a file descriptor) for as long as
+it likes, so a few hundred such clients exhaust a server. Here every request must bring
+its complete header within `header_timeout` seconds of its first byte (or of the
+connection, for the first request), and its complete body within `body_timeout` seconds
+of its header; otherwise it is answered `408` and the connection closed. Nothing runs
+while a response streams: the deadlines cover reading requests only, so an SSE response
+lasts as long as its stream. A connection idle between requests is closed by uvicorn's
+own keep-alive timeout.
+"""
+
+import asyncio
+import functools
+from http import HTTPStatus
+from typing import Any, cast
+
+from starlette.responses import Response
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from app.errors import problem_response
+from app.settings import Settings
+
+
+class HeaderTooLarge(Exception):
+    """Raised from a parser callback: httptools stops parsing and reports a parser error
+    (HttpParserCallbackError), which uvicorn answers through `send_400_response`."""
+
+
+def _raw(response: Response, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A complete HTTP/1.1 response, written straight to the transport: uvicorn's own
+    answers are written that way, outside any request cycle."""
+    status = response.status_code
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
+    lines += [name + b": " + value for name, value in default_headers]
+    lines += [name + b": " + value for name, value in response.raw_headers]
+    lines.append(b"connection: close")
+    return b"\r\n".join(lines) + b"\r\n\r\n" + bytes(response.body)
+
+
+class DeadlineProtocol(HttpToolsProtocol):
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        header_timeout: float,
+        body_timeout: float,
+        max_header_bytes: int,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.header_timeout = header_timeout
+        self.body_timeout = body_timeout
+        self.max_header_bytes = max_header_bytes
+        self._deadline: asyncio.TimerHandle | None = None
+        # Between a request's first byte (or the connection) and its complete header.
+        self._reading_header = False
+        self._header_bytes = 0
+        self._header_too_large = False
+        # Whether any byte of the current request arrived: a connection that never sent
+        # one is closed without an answer.
+        self._request_begun = False
+
+    # ---- the deadlines ---------------------------------------------------------------
+
+    def _arm(self, seconds: float, handler: Any) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, handler)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
+        super().connection_made(transport)
+        self._reading_header = True
+        self._arm(self.header_timeout, self._header_timed_out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._reading_header:
+            self._header_bytes += len(data)
+        super().data_received(data)
+        if (
+            self._reading_header
+            and self._header_bytes > self.max_header_bytes
+            and not self.transport.is_closing()
+        ):
+            # A header still incomplete past the cap (httptools buffers it whole).
+            self._header_too_large = True
+            self.send_400_response("")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._request_begun = True
+        if not self._reading_header:
+            self._reading_header = True
+            self._header_bytes = 0
+            self._arm(self.header_timeout, self._header_timed_out)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._header_bytes > self.max_header_bytes:
+            self._header_too_large = True
+            raise HeaderTooLarge
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._reading_header = False
+        self._request_begun = False
+        self._arm(self.body_timeout, self._body_timed_out)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def _header_timed_out(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if self._request_begun and (cycle is None or cycle.response_complete):
+            self._answer(
+                408,
+                f"The request header did not arrive within {self.header_timeout:g} seconds",
+            )
+        self.transport.close()
+
+    def _body_timed_out(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self.pipeline:
+            # The request waits behind another's response (pipelining), and uvicorn
+            # does not read its body until that one is done: not the client's delay.
+            self._arm(self.body_timeout, self._body_timed_out)
+            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started:
+            self._answer(
+                408,
+                f"The request body did not arrive within {self.body_timeout:g} seconds",
+            )
+            # The application waits for the rest of the body: it reads a disconnect,
+            # and anything it still sends is dropped.
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self.transport.close()
+
+    # ---- uvicorn's own answers ------------------------------------------------------
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn answers a request it cannot parse here (text/plain upstream)."""
+        if self._header_too_large:
+            self._answer(
+                431,
+                f"The request header is larger than {self.max_header_bytes} bytes",
+                code="header_too_large",
+            )
+        else:
+            self._answer(400, "Malformed HTTP request", code="invalid_http")
+        self.transport.close()
+
+    def _answer(self, status: int, detail: str, *, code: str | None = None) -> None:
+        self._disarm()
+        if self.transport.is_closing():
+            return
+        response = problem_response(
+            status, detail=detail, code=code or HTTPStatus(status).name.lower()
+        )
+        self.transport.write(_raw(response, self.server_state.default_headers))
+
+
+def protocol(settings: Settings) -> type[asyncio.Protocol]:
+    """The protocol "class" for uvicorn's `http` option, carrying the deadlines from
+    settings. uvicorn only calls it (and looks for `alpn_protocols` on it), so a partial
+    will do; it is pickled by reference into `--workers` processes."""
+    return cast(
+        type[asyncio.Protocol],
+        functools.partial(
+            DeadlineProtocol,
+            header_timeout=settings.header_read_timeout_seconds,
+            body_timeout=settings.body_read_timeout_seconds,
+            max_header_bytes=settings.max_header_bytes,
+        ),
+    )
