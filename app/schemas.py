@@ -22,6 +22,13 @@ from pydantic_core import PydanticCustomError
 # Sequences and offsets are int32 (upstream's `format: int32`, PostgreSQL `integer`):
 # a larger query value is a 400, not a database overflow.
 MAX_INT32 = 2**31 - 1
+# What ASCII digit strings fit in MAX_INT32 (leading zeros allowed): the documented
+# shape of the cursors sent as text (the Mutation stream's `after` and Last-Event-ID).
+INT32_DIGITS = (
+    "^0*(?:[0-9]{1,9}|1[0-9]{9}|20[0-9]{8}|21[0-3][0-9]{7}|214[0-6][0-9]{6}"
+    "|2147[0-3][0-9]{5}|21474[0-7][0-9]{4}|214748[0-2][0-9]{3}|2147483[0-5][0-9]{2}"
+    "|21474836[0-3][0-9]|214748364[0-7])$"
+)
 # Numbers inside free-form JSON (metadata, hints) lie within signed 64 bits. orjson
 # refuses a wider integer, so it would fail only when the stored value is rendered;
 # and PostgreSQL's jsonb prints numbers without an exponent, so a float of 1e19 is

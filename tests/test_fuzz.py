@@ -137,14 +137,41 @@ def flatmap_path_parameters(
     return st.one_of(st.just(path_parameters), known)
 
 
+# Events parameters that are valid one by one but refused together (or at all) by
+# design, which a schema cannot say: `around` with a cursor or `limit`, `window`
+# without `around`, and the filters that have no meaning here.
+AROUND_EXCLUDES = ("since_id", "after_sequence", "before_sequence", "limit")
+UNSUPPORTED = ("exec_id", "trace_id", "tags")
+
+
+def refused_by_design(query: dict[str, Any]) -> bool:
+    given = {k for k, v in query.items() if v is not None}
+    return (
+        {"since_id", "after_sequence"} <= given
+        or ("around" in given and bool(given & set(AROUND_EXCLUDES)))
+        or ("window" in given and "around" not in given)
+        or any(query.get(name) for name in UNSUPPORTED)
+    )
+
+
 @schema.hook
 def flatmap_query(
     ctx: schemathesis.HookContext, query: dict[str, Any] | None
 ) -> st.SearchStrategy[dict[str, Any] | None]:
-    """A well-formed `since_id` names an event that exists (an unknown one is a 400 by
-    design, which a schema cannot say). `since_id` and `after_sequence` are two
-    spellings of one cursor and a 400 together: a valid `after_sequence` is dropped."""
-    if not query or not _matches(EVENT_ID, query.get("since_id")):
+    """A well-formed `since_id` or `around` names an event that exists (an unknown one
+    is a 400 by design, which a schema cannot say). `since_id` and `after_sequence` are
+    two spellings of one cursor and a 400 together: a valid `after_sequence` is dropped.
+    Likewise the cursors and `limit` beside `around`, `window` without it, and the
+    filters refused by name (`refused_by_design`)."""
+    if not query:
+        return st.just(query)
+    query = {k: v for k, v in query.items() if k not in UNSUPPORTED}
+    if "window" in query and not _matches(EVENT_ID, query.get("around")):
+        query.pop("window")
+    if _matches(EVENT_ID, query.get("around")):
+        query = {k: v for k, v in query.items() if k not in AROUND_EXCLUDES}
+        return st.sampled_from(Known.events).map(lambda e: {**query, "around": e})
+    if not _matches(EVENT_ID, query.get("since_id")):
         return st.just(query)
     after = query.get("after_sequence")
     if type(after) is int and 0 <= after <= MAX_INT32:
@@ -184,11 +211,7 @@ def problem_json(
 
 def _call(case: schemathesis.Case, server: Server) -> None:
     query = case.query or {}
-    if (
-        case.method == case.operation.method.upper()
-        and query.get("since_id") is not None
-        and query.get("after_sequence") is not None
-    ):
+    if case.method == case.operation.method.upper() and refused_by_design(query):
         # Cases of the coverage phase skip the hooks; the schema cannot say "not both".
         response = case.call(base_url=server.url, timeout=10)
         assert response.status_code == 400, response.text

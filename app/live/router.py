@@ -12,7 +12,7 @@ from app.events.router import EVENT_ID_SCHEMA, TypeFilter
 from app.events.types import VALID_EVENT_TYPES
 from app.live import service
 from app.live.response import EventStreamResponse
-from app.schemas import MAX_INT32
+from app.schemas import INT32_DIGITS, MAX_INT32
 
 router = APIRouter(tags=["streams"])
 
@@ -113,7 +113,9 @@ MUTATION_SSE_RESPONSES = _sse_responses(
 
 
 # A Mutation stream cursor: the session event sequence as a string; empty is no cursor.
-CURSOR_SCHEMA = {"anyOf": [{"type": "string", "pattern": "^[0-9]*$"}, {"type": "null"}]}
+CURSOR_SCHEMA = {
+    "anyOf": [{"type": "string", "pattern": INT32_DIGITS}, {"type": "null"}]
+}
 
 
 def _header_schema(pattern: str) -> Callable[[dict[str, Any]], None]:
@@ -128,7 +130,7 @@ def _header_schema(pattern: str) -> Callable[[dict[str, Any]], None]:
 
 # An EventSource resends the last `id:` it saw; empty is no cursor.
 LAST_EVENT_ID_SCHEMA = _header_schema("^(event_[0-9a-f]{32})?$")
-CURSOR_HEADER_SCHEMA = _header_schema("^[0-9]*$")
+CURSOR_HEADER_SCHEMA = _header_schema(INT32_DIGITS)
 
 
 @router.get(
