@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from everruns_sdk import Everruns
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -205,3 +207,30 @@ def server(settings: Settings, tmp_path: Path) -> Iterator[Server]:
     srv = start_server(settings.database_url, tmp_path)
     yield srv
     srv.stop()
+
+
+@pytest.fixture
+def pg_settings(settings: Settings) -> Settings:
+    """`settings`, on the PostgreSQL lane only (tests of several processes)."""
+    if not os.environ.get("TEST_DATABASE_URL") or not settings.database_url.startswith(
+        "postgresql"
+    ):
+        pytest.skip("needs PostgreSQL (set TEST_DATABASE_URL)")
+    return settings
+
+
+@pytest.fixture
+async def sdk(server: Server) -> AsyncIterator[Everruns]:
+    """The official Python client against `server`, with the SDK's own base URL shape
+    (`.../api`) and a bare API key (open mode accepts any)."""
+    client = Everruns(
+        api_key="evm_any_key_in_open_mode",
+        base_url=f"{server.url}/api",
+        org_id="org_00000000000000000000000000000001",
+    )
+    # The management client warns (once per process) that agents should be called
+    # through AgentClient; that is upstream's advice, not a failure here.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield client
+    await client.close()

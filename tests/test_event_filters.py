@@ -4,8 +4,6 @@ that have no meaning here are refused with a 400 naming them, never ignored."""
 
 import asyncio
 import time
-import warnings
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -14,19 +12,6 @@ from everruns_sdk import Everruns
 from everruns_sdk.errors import ApiError
 
 from tests.conftest import Server
-
-
-@pytest.fixture
-async def sdk(server: Server) -> AsyncIterator[Everruns]:
-    client = Everruns(
-        api_key="evm_any_key_in_open_mode",
-        base_url=f"{server.url}/api",
-        org_id="org_00000000000000000000000000000001",
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        yield client
-    await client.close()
 
 
 async def run_turn(sdk: Everruns, session_id: str, text: str) -> None:

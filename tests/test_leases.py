@@ -34,15 +34,6 @@ pytestmark = pytest.mark.postgres_only
 TEST_DEADLINE = 90.0
 
 
-@pytest.fixture
-def pg_settings(settings: Settings) -> Settings:
-    if not os.environ.get("TEST_DATABASE_URL") or not settings.database_url.startswith(
-        "postgresql"
-    ):
-        pytest.skip("needs PostgreSQL (set TEST_DATABASE_URL)")
-    return settings
-
-
 def long_text(count: int) -> str:
     """What `/scenario long <count>` answers."""
     return "".join(f"chunk{i} " for i in range(count))

@@ -7,7 +7,6 @@ recovery of A's turn when A dies.
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -34,15 +33,6 @@ from tests.sse_client import Frame, SSEReader, durable, merge_snapshots
 pytestmark = pytest.mark.postgres_only
 
 TEST_DEADLINE = 90.0
-
-
-@pytest.fixture
-def pg_settings(settings: Settings) -> Settings:
-    if not os.environ.get("TEST_DATABASE_URL") or not settings.database_url.startswith(
-        "postgresql"
-    ):
-        pytest.skip("needs PostgreSQL (set TEST_DATABASE_URL)")
-    return settings
 
 
 @dataclass

@@ -3,29 +3,10 @@ SDK's own base URL shape (`.../api`) and a bare API key (open mode accepts any).
 
 import asyncio
 import time
-import warnings
-from collections.abc import AsyncIterator
 
 import pytest
 from everruns_sdk import Everruns
 from everruns_sdk.errors import ApiError, NotFoundError
-
-from tests.conftest import Server
-
-
-@pytest.fixture
-async def sdk(server: Server) -> AsyncIterator[Everruns]:
-    client = Everruns(
-        api_key="evm_any_key_in_open_mode",
-        base_url=f"{server.url}/api",
-        org_id="org_00000000000000000000000000000001",
-    )
-    # The management client warns (once per process) that agents should be called
-    # through AgentClient; that is upstream's advice, not a failure here.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        yield client
-    await client.close()
 
 
 async def settle(sdk: Everruns, session_id: str) -> None:
