@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 
 from app.db import models
 from app.main import create_app
+from app.schemas import MAX_INT32
 from app.settings import Settings
 from tests.conftest import test_settings as make_settings
 
@@ -314,7 +315,9 @@ def test_ids_and_cursors_are_documented_with_their_format(
         "^event_[0-9a-f]{32}$"
     )
     assert _param(document, messages, "limit")["minimum"] == 1
-    assert _param(document, stream, "after")["anyOf"][0]["pattern"] == "^[0-9]*$"
+    cursor = re.compile(_param(document, stream, "after")["anyOf"][0]["pattern"])
+    assert [bool(cursor.match(t)) for t in ("0", "0042", str(MAX_INT32))] == [True] * 3
+    assert not any(cursor.match(t) for t in ("", "-1", str(MAX_INT32 + 1), "²"))
     types = _param(document, events, "types")["anyOf"][0]
     assert "input.message" in types["items"]["enum"] and types["maxItems"] == 64
     role = document["components"]["schemas"]["InputMessage"]["properties"]["role"]
