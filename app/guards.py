@@ -273,12 +273,9 @@ def check_json_field(name: str, value: Any, settings: Settings) -> None:
         raise Unprocessable(
             f"{name}: nested deeper than {settings.max_json_depth} levels"
         )
-    try:
-        encoded = orjson.dumps(value)
-    except TypeError:
-        # orjson stores what the checkpoint writer can: integers within 64 bits.
-        raise Unprocessable(f"{name}: integers must fit in 64 bits") from None
-    if len(encoded) > settings.max_json_bytes:
+    # Numbers beyond 64 bits never get here: the validation layer (app.schemas)
+    # refuses them, so orjson can encode every value.
+    if len(orjson.dumps(value)) > settings.max_json_bytes:
         raise Unprocessable(
             f"{name}: larger than {settings.max_json_bytes} bytes encoded"
         )

@@ -433,13 +433,16 @@ async def test_json_too_large_is_422(limited: Limited) -> None:
 
 
 async def test_json_integer_beyond_64_bits_is_422(limited: Limited) -> None:
-    """The stored JSON is encoded with orjson, which holds signed and unsigned 64-bit
-    integers only: a larger one is refused up front, not a 500 when it is stored."""
+    """The stored JSON is encoded with orjson, which holds 64-bit integers only: a
+    larger one is refused up front by the validation layer, naming where it is, not a
+    500 when it is stored."""
     for url, kind, label in json_field_cases(limited.sid):
         value = {"n": [1, -(2**70)]}
         response = await limited.unchanged("POST", url, json=with_json(kind, value))
         problem = assert_refused(response, 422, "validation_error")
-        assert problem["detail"] == f"{label}: integers must fit in 64 bits", problem
+        assert problem["detail"] == (
+            f"{label}.n.1: must be a number from {-(2**63)} to {2**63 - 1}"
+        ), problem
 
 
 async def test_json_at_size_limit_is_accepted(limited: Limited) -> None:
