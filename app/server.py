@@ -14,6 +14,7 @@ own keep-alive timeout.
 
 import asyncio
 import functools
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, cast
 
@@ -42,6 +43,48 @@ def _raw(response: Response, default_headers: list[tuple[bytes, bytes]]) -> byte
     return b"\r\n".join(lines) + b"\r\n\r\n" + bytes(response.body)
 
 
+class Deadlines:
+    """The read deadlines of every connection of the process, checked by one timer every
+    TICK seconds: arming or clearing a deadline, twice per request, is a dict store
+    rather than a timer of its own (measured: a TimerHandle per deadline cost 22 % of
+    the newest-page throughput). A deadline fires up to TICK late."""
+
+    TICK = 0.25
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending: dict[object, tuple[float, Callable[[], None]]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def arm(self, owner: object, at: float, handler: Callable[[], None]) -> None:
+        self.pending[owner] = (at, handler)
+        if self._timer is None:
+            self._timer = self.loop.call_later(self.TICK, self._tick)
+
+    def disarm(self, owner: object) -> None:
+        self.pending.pop(owner, None)
+
+    def _tick(self) -> None:
+        now = self.loop.time()
+        due = [(o, h) for o, (at, h) in self.pending.items() if at <= now]
+        for owner, handler in due:
+            del self.pending[owner]
+            handler()
+        self._timer = (
+            self.loop.call_later(self.TICK, self._tick) if self.pending else None
+        )
+
+
+_by_loop: dict[asyncio.AbstractEventLoop, Deadlines] = {}
+
+
+def _deadlines(loop: asyncio.AbstractEventLoop) -> Deadlines:
+    deadlines = _by_loop.get(loop)
+    if deadlines is None:
+        deadlines = _by_loop[loop] = Deadlines(loop)
+    return deadlines
+
+
 class DeadlineProtocol(HttpToolsProtocol):
     def __init__(
         self,
@@ -58,7 +101,8 @@ class DeadlineProtocol(HttpToolsProtocol):
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
         self.max_header_bytes = max_header_bytes
-        self._deadline: asyncio.TimerHandle | None = None
+        # Whether a deadline is armed for this connection (see `Deadlines`).
+        self._deadline = False
         # Between a request's first byte (or the connection) and its complete header.
         self._reading_header = False
         self._header_bytes = 0
@@ -69,14 +113,14 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     # ---- the deadlines ---------------------------------------------------------------
 
-    def _arm(self, seconds: float, handler: Any) -> None:
-        self._disarm()
-        self._deadline = self.loop.call_later(seconds, handler)
+    def _arm(self, seconds: float, handler: Callable[[], None]) -> None:
+        _deadlines(self.loop).arm(self, self.loop.time() + seconds, handler)
+        self._deadline = True
 
     def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        if self._deadline:
+            _deadlines(self.loop).disarm(self)
+            self._deadline = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
         super().connection_made(transport)
@@ -125,7 +169,7 @@ class DeadlineProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def _header_timed_out(self) -> None:
-        self._deadline = None
+        self._deadline = False
         if self.transport.is_closing():
             return
         cycle = self.cycle
@@ -137,7 +181,7 @@ class DeadlineProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def _body_timed_out(self) -> None:
-        self._deadline = None
+        self._deadline = False
         if self.transport.is_closing():
             return
         if self.pipeline:
