@@ -88,6 +88,21 @@ class TurnProgress:
     message: MessageRow | None = None
 
 
+class Outage:
+    """Retries while the database is unavailable: a growing pause between attempts,
+    for at most `seconds` in all; any other failure, or one past that, is raised."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.delay = 0.1
+
+    async def wait(self, exc: Exception) -> None:
+        if not is_transient_db_error(exc) or time.monotonic() >= self.deadline:
+            raise exc
+        await asyncio.sleep(self.delay)
+        self.delay = min(self.delay * 2, 2.0)
+
+
 @dataclass(frozen=True, slots=True)
 class Landed:
     """A checkpoint found committed after all, and the message as it stored it."""
@@ -334,8 +349,7 @@ class TurnRunner:
         TurnCancelled when the turn is not the session's any more or a cancel was
         requested; with `ending` (the turn's last checkpoint, which writes the cancel or
         failure) a cancel request does not stop it, and an ended turn writes nothing."""
-        deadline = time.monotonic() + self.settings.runner_outage_seconds
-        delay = 0.1
+        outage = Outage(self.settings.runner_outage_seconds)
         # Set when a COMMIT went unanswered: what that attempt wrote.
         uncertain = False
         attempted: MessageRow | None = None
@@ -369,32 +383,24 @@ class TurnRunner:
             except (TurnCancelled, LeaseLost):
                 raise
             except Exception as exc:
-                if not is_transient_db_error(exc) or time.monotonic() >= deadline:
-                    raise
                 if getattr(exc, "statement", None) == "COMMIT":
                     uncertain, attempted = True, written
+                await outage.wait(exc)
                 log.warning(
-                    "checkpoint of turn %s failed (%s); retrying in %.1fs",
+                    "checkpoint of turn %s failed (%s); retried",
                     turn_id,
                     type(exc).__name__,
-                    delay,
                 )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
 
     async def _retrying(self, read: Callable[[], Awaitable[T]]) -> T:
         """A read of a running turn, retried while the database is unavailable (within
         `runner_outage_seconds`)."""
-        deadline = time.monotonic() + self.settings.runner_outage_seconds
-        delay = 0.1
+        outage = Outage(self.settings.runner_outage_seconds)
         while True:
             try:
                 return await read()
             except Exception as exc:
-                if not is_transient_db_error(exc) or time.monotonic() >= deadline:
-                    raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+                await outage.wait(exc)
 
     async def _landed(
         self,
