@@ -152,17 +152,24 @@ class DeadlineProtocol(HttpToolsProtocol):
             self._header_bytes = 0
             self._arm(self.header_timeout, self._header_timed_out)
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self._header_bytes > self.max_header_bytes:
+    def on_headers_complete(self) -> None:
+        # The bytes counted so far may hold a body after the header: only past the cap
+        # is the header itself measured. (Checked here rather than per header, a
+        # callback on every header line of every request.)
+        if self._header_bytes > self.max_header_bytes and self._header_size() > (
+            self.max_header_bytes
+        ):
             self._header_too_large = True
             raise HeaderTooLarge
-        super().on_header(name, value)
-
-    def on_headers_complete(self) -> None:
         self._reading_header = False
         self._request_begun = False
         self._arm(self.body_timeout, self._body_timed_out)
         super().on_headers_complete()
+
+    def _header_size(self) -> int:
+        """The request line and header lines as received, near enough: name, value,
+        ": " and CRLF for each line."""
+        return len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
 
     def on_message_complete(self) -> None:
         self._disarm()

@@ -145,7 +145,8 @@ def etag_for(last_sequence: int, query: "PageQuery") -> str:
 def etag_matches(etag: str, if_none_match: str | None) -> bool:
     """RFC 9110 §13.1.2: one of the listed ETags, or `*` (any current representation)."""
     return if_none_match is not None and (
-        etag in (t.strip() for t in if_none_match.split(","))
+        if_none_match == etag
+        or etag in (t.strip() for t in if_none_match.split(","))
         or if_none_match.strip() == "*"
     )
 
