@@ -14,6 +14,7 @@ an `X-Request-Id`, the rate limit, and problem+json for a failure.
 """
 
 import re
+import time
 import uuid
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
@@ -26,6 +27,7 @@ from app.guards import RateLimiter
 from app.live import service as live_service
 from app.live.response import EventStreamResponse
 from app.messages import service
+from app.metrics import Metrics
 from app.schemas import MAX_INT32
 
 if TYPE_CHECKING:
@@ -65,19 +67,39 @@ def _query(raw: bytes, default_limit: int, max_limit: int) -> service.PageQuery 
     return service.PageQuery(limit, before, internal)
 
 
+# The route templates FastAPI labels the same requests with (app/metrics.py): within
+# the API, without its `/v1` or `/api/v1` prefix.
+PAGE_ROUTE = "/sessions/{session_id}/messages"
+MESSAGE_ROUTE = "/sessions/{session_id}/messages/{message_id}"
+SSE_ROUTE = "/sessions/{session_id}/sse"
+MUTATIONS_ROUTE = "/sessions/{session_id}/messages/stream"
+
+
 class Hot:
-    """One request on the hot path: its id, and whether its answer has started."""
+    """One request on the hot path: its id, whether its answer has started, and what
+    the metrics record of it."""
 
-    __slots__ = ("id", "id_header", "started")
+    __slots__ = ("id", "id_header", "metrics", "route", "start", "started")
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, metrics: Metrics | None) -> None:
         self.id = request_id
         self.id_header = (b"x-request-id", request_id.encode())
         self.started = False
+        self.metrics = metrics
+        self.start = time.perf_counter() if metrics is not None else 0.0
+        self.route = PAGE_ROUTE
+
+    def done(self, status: int) -> None:
+        """The answer's status is known (for a stream: it opens)."""
+        if self.metrics is not None:
+            self.metrics.request(
+                self.route, "GET", status, time.perf_counter() - self.start
+            )
 
     async def send(
         self, send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> None:
+        self.done(status)
         headers.append(self.id_header)
         if status != 304:
             headers.append((b"content-length", str(len(body)).encode()))
@@ -89,9 +111,12 @@ class Hot:
 
 
 class HotRoutes:
-    def __init__(self, limiter: RateLimiter | None, cors: bool) -> None:
+    def __init__(
+        self, limiter: RateLimiter | None, cors: bool, metrics: Metrics | None = None
+    ) -> None:
         self.limiter = limiter
         self.cors = cors
+        self.metrics = metrics
         # Set once the application has started (its lifespan builds the state).
         self.state: AppState | None = None
         # Parsed page queries by their raw bytes: pollers repeat the same few query
@@ -106,13 +131,14 @@ class HotRoutes:
             return False
         if self.cors and any(name == b"origin" for name, _ in scope["headers"]):
             return False
-        request = Hot(next_request_id())
+        request = Hot(next_request_id(), self.metrics)
         try:
             return await self._serve(self.state, request, scope, receive, send)
         except Exception as exc:
             if request.started:
                 raise
             response = failure_response(request.id, scope, exc)
+            request.done(response.status_code)
             response.raw_headers.append(request.id_header)
             await response(scope, receive, send)
             return True
@@ -153,6 +179,7 @@ class HotRoutes:
         if self.limiter is not None:
             refusal = self.limiter.refusal_for(scope, caller)
             if refusal is not None:
+                request.done(refusal.status_code)
                 refusal.raw_headers.append(request.id_header)
                 request.started = True
                 await refusal(scope, receive, send)
@@ -160,10 +187,12 @@ class HotRoutes:
         session_id = uuid.UUID(hex=parts[3][8:])
         if parts[4] == "sse" or parts[-1] == "stream":
             if len(parts) == 5 and parts[4] == "sse":
+                request.route = SSE_ROUTE
                 opened = await _open_upstream(
                     state, caller, session_id, scope["query_string"], last_event_id
                 )
             elif len(parts) == 6 and parts[4] == "messages":
+                request.route = MUTATIONS_ROUTE
                 opened = await _open_mutations(
                     state, caller, session_id, scope["query_string"], last_event_id
                 )
@@ -171,6 +200,7 @@ class HotRoutes:
                 return False
             if opened is None:
                 return False
+            request.done(opened.status_code)
             opened.raw_headers.append(request.id_header)
             request.started = True
             # This frame lives as long as the stream: hold nothing in it.
@@ -185,6 +215,7 @@ class HotRoutes:
                 or if_none_match is not None
             ):
                 return False
+            request.route = MESSAGE_ROUTE
             try:
                 body = await service.get_message(
                     state.reads,

@@ -2,13 +2,15 @@
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.routing import APIRoute
-from starlette.types import Receive, Scope, Send
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from starlette.types import Message, Receive, Scope, Send
 
 from app import __doc__ as app_doc
 from app.auth import KeyResolver
@@ -33,6 +35,11 @@ from app.live.router import router as live_router
 from app.messages.admission import TurnAdmission
 from app.messages.cache import PageCache
 from app.messages.router import router as messages_router
+from app.metrics import (
+    Metrics,
+    answer as answer_metrics,
+    serve_port as serve_metrics_port,
+)
 from app.runner.runner import TurnRunner
 from app.schemas import JSON_VALUE_SCHEMA
 from app.sessions.router import router as sessions_router
@@ -60,22 +67,90 @@ class Service(FastAPI):
     everything else by it."""
 
     hot: HotRoutes | None = None
+    metrics: Metrics | None = None
+    # Whether GET /metrics is answered on this (the main) port.
+    metrics_here = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         hot = self.hot
-        if (
-            hot is not None
-            and scope["type"] == "http"
-            and await hot.serve(scope, receive, send)
-        ):
+        metrics = self.metrics
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
             return
-        await super().__call__(scope, receive, send)
+        if metrics is None:
+            if hot is None or not await hot.serve(scope, receive, send):
+                await super().__call__(scope, receive, send)
+            return
+        if scope["path"] == "/metrics" and self.metrics_here:
+            await answer_metrics(metrics, scope, receive, send)
+            return
+        # The hot routes time themselves; FastAPI's are timed to their response start,
+        # labelled with the route template the router matched.
+        if hot is not None and await hot.serve(scope, receive, send):
+            return
+        start = time.perf_counter()
+
+        async def timed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                route = scope.get("route")
+                metrics.request(
+                    getattr(route, "path", "unmatched"),
+                    scope["method"],
+                    message["status"],
+                    time.perf_counter() - start,
+                )
+            await send(message)
+
+        await super().__call__(scope, receive, timed)
+
+
+def watch(metrics: Metrics, state: AppState) -> None:
+    """The series read from the objects that hold them, when a scrape comes."""
+    limits, fanout, runner = state.limits, state.fanout, state.runner
+    metrics.read(
+        GaugeMetricFamily,
+        "evermirror_streams_open",
+        "Streams open on this process, by kind",
+        ("stream",),
+        lambda: [((kind,), float(n)) for kind, n in limits.by_kind.items()],
+    )
+    metrics.read(
+        CounterMetricFamily,
+        "evermirror_streams_opened",
+        "Streams opened on this process, by kind",
+        ("stream",),
+        lambda: [((kind,), float(n)) for kind, n in limits.opened.items()],
+    )
+    metrics.read(
+        CounterMetricFamily,
+        "evermirror_stream_dropped_consumers",
+        "Streams ended because their client read too slowly",
+        (),
+        lambda: [((), float(fanout.dropped))],
+    )
+    metrics.read(
+        GaugeMetricFamily,
+        "evermirror_turns_running",
+        "Turns running on this process",
+        (),
+        lambda: [((), float(len(runner.tasks)))],
+    )
+    checked_out = getattr(state.database.writer.sync_engine.pool, "checkedout", None)
+    if checked_out is not None:
+        metrics.read(
+            GaugeMetricFamily,
+            "evermirror_db_pool_connections_in_use",
+            "Connections of the write pool checked out",
+            (),
+            lambda: [((), float(checked_out()))],
+        )
 
 
 def create_app(settings: Settings | None = None) -> Service:
     settings = settings or get_settings()
     limiter = RateLimiter.from_settings(settings)
-    hot = HotRoutes(limiter, cors=bool(settings.cors_origins))
+    metrics = Metrics() if settings.metrics_enabled else None
+    hot = HotRoutes(limiter, cors=bool(settings.cors_origins), metrics=metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -131,11 +206,21 @@ def create_app(settings: Settings | None = None) -> Service:
         if limiter is not None:
             limiter.keys = keys
         await runner.start()
+        metrics_server = None
+        if metrics is not None:
+            database.metrics = runner.metrics = dispatcher.metrics = metrics
+            watch(metrics, state)
+            if settings.metrics_port is not None:
+                metrics_server = await serve_metrics_port(
+                    metrics, settings.host, settings.metrics_port
+                )
         hot.state = state
         try:
             yield
         finally:
             hot.state = None
+            if metrics_server is not None:
+                metrics_server.close()
             if limiter is not None:
                 limiter.keys = None
             await runner.stop()
@@ -157,6 +242,8 @@ def create_app(settings: Settings | None = None) -> Service:
     )
     install_error_handlers(app)
     app.hot = hot
+    app.metrics = metrics
+    app.metrics_here = metrics is not None and settings.metrics_port is None
     # Added innermost first: request context -> CORS -> rate limit -> body guard ->
     # If-None-Match: * -> routes.
     app.add_middleware(IfNoneMatchStarMiddleware)

@@ -34,6 +34,10 @@ class Settings(BaseSettings):
     # Public base URL used for self_url/view_url/ui_link; derived from the request when unset.
     public_url: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Prometheus metrics at GET /metrics: on the main port, or on a port of their own
+    # (same host) when METRICS_PORT is set; METRICS_ENABLED=false turns them off.
+    metrics_enabled: bool = True
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
 
     # PostgreSQL pool; SQLite ignores these.
     db_pool_size: int = 10

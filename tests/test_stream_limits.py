@@ -278,7 +278,7 @@ async def test_open_streams_hold_no_pooled_connection(running: Running) -> None:
             "fanout": state.fanout,
             "session_id": session_uuid,
             "config": config,
-            "release": state.limits.acquire(session_uuid).release,
+            "release": state.limits.acquire(session_uuid, "sse").release,
         }
         stream = (
             message_mutations(**common, after=0, include_internal=False)

@@ -1,9 +1,10 @@
 """The Database handle: read and write units of work. Services never commit; these do."""
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
@@ -16,6 +17,9 @@ from app.db.engine import create_engines
 from app.db.outbox import Outbox
 from app.db.writes import Write, new_write
 from app.settings import Settings
+
+if TYPE_CHECKING:
+    from app.metrics import Metrics
 
 
 class CommitHooks(Protocol):
@@ -31,6 +35,8 @@ class Database:
     reader: AsyncEngine
     writer: AsyncEngine
     hooks: CommitHooks | None = field(default=None)
+    # Set by the application when metrics are on: every write's COMMIT is timed.
+    metrics: "Metrics | None" = field(default=None)
 
     def __post_init__(self) -> None:
         self._read = async_sessionmaker(self.reader, expire_on_commit=False)
@@ -52,8 +58,15 @@ class Database:
             yield db
             if self.hooks is not None:
                 await self.hooks.before_commit(db)
+            began, started = db.began, time.perf_counter()
             await db.commit()
+            if self.metrics is not None and began:
+                self.metrics.checkpoints.observe(
+                    ("committed",), time.perf_counter() - started
+                )
         except BaseException:
+            if self.metrics is not None and db.began:
+                self.metrics.checkpoints.observe(("rolled_back",), 0.0)
             await db.rollback()
             raise
         finally:

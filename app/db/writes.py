@@ -274,6 +274,11 @@ class Write:
             raw = await self._conn.get_raw_connection()
             self._driver = raw.driver_connection
 
+    @property
+    def began(self) -> bool:
+        """Whether a transaction was begun (a refused request never begins one)."""
+        return self._begun
+
     async def close(self) -> None:
         """Give the connection back to the pool (or drop it, if it failed)."""
         if self._conn is not None:

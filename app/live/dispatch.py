@@ -5,8 +5,10 @@ wake-ups of the sessions it runs, which is how a cancel sent to any process reac
 it)."""
 
 import asyncio
+import contextlib
 import time
 import uuid
+from datetime import datetime
 from typing import Protocol
 
 from app.auth import KeyResolver
@@ -25,7 +27,10 @@ from app.live.items import (
     Wakeup,
 )
 from app.messages.cache import PageCache
+from app.metrics import Metrics
 
+# One text delta in this many has its bus lag measured.
+LAG_SAMPLE = 32
 # A process that missed the start of a live part asks its runner at most this often.
 REPUBLISH_INTERVAL_SECONDS = 1.0
 
@@ -49,12 +54,28 @@ class Dispatcher:
         self.runner = runner
         self.keys = keys
         self._asked: dict[uuid.UUID, float] = {}
+        # Set by the application when metrics are on.
+        self.metrics: Metrics | None = None
+        self._deltas = 0
         self._background: set[asyncio.Task[None]] = set()
         bus.sink = self.deliver
         bus.on_listening = self.listening
         fanout.on_missed_part = self.ask_republish
         keys.on_revoked = fanout.revoke
         keys.streaming = fanout.key_hashes
+
+    def _count(self, metrics: Metrics, item: BusItem) -> float | None:
+        """Every item by kind; the lag of one delta in LAG_SAMPLE (their `ts` is the
+        publisher's clock, to the millisecond: parsing each would cost more than the
+        delivery). Returns the sampled delta's publication time."""
+        published = None
+        if type(item) is TextDelta:
+            self._deltas += 1
+            if self._deltas % LAG_SAMPLE == 0:
+                with contextlib.suppress(ValueError):
+                    published = datetime.fromisoformat(item.ts).timestamp()
+        metrics.bus_item(type(item).__name__, published)
+        return published
 
     def listening(self, heard: bool) -> None:
         """Whether this process hears every bus item: while it may miss some, neither
@@ -63,8 +84,12 @@ class Dispatcher:
         self.keys.listening(heard)
 
     def deliver(self, item: BusItem) -> None:
+        metrics = self.metrics
+        published = None if metrics is None else self._count(metrics, item)
         if isinstance(item, TextDelta | PartStarted | StepEnded):
             self.fanout.deliver(item)
+            if published is not None and metrics is not None:
+                metrics.fanout_lag.observe((), max(0.0, time.time() - published))
         elif isinstance(item, Wakeup):
             self.cache.committed(item.session_id, item.sequence)
             self.fanout.deliver(item)

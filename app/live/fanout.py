@@ -232,6 +232,8 @@ class Fanout:
         self.channels: dict[uuid.UUID, Channel] = {}
         self.projections: dict[uuid.UUID, Projection] = {}
         self.writers: set[StreamWriter] = set()
+        # Subscribers dropped for reading too slowly (a metric).
+        self.dropped = 0
         self._timer: asyncio.Task[None] | None = None
 
     # ---- bus side ------------------------------------------------------------------
@@ -326,6 +328,8 @@ class Fanout:
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
+        if sub.overflowed:
+            self.dropped += 1
         channel = self.channels.get(sub.session_id)
         if channel is None:
             return

@@ -13,15 +13,18 @@ class Slot:
     or, if the client vanished before the generator ever ran, when the unstarted
     generator (which holds the slot) is garbage collected."""
 
-    def __init__(self, limits: "StreamLimits", session_id: uuid.UUID) -> None:
+    def __init__(
+        self, limits: "StreamLimits", session_id: uuid.UUID, kind: str
+    ) -> None:
         self._limits = limits
         self._session_id = session_id
+        self._kind = kind
         self._released = False
 
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._limits.release(self._session_id)
+            self._limits.release(self._session_id, self._kind)
 
     def __del__(self) -> None:
         self.release()
@@ -33,8 +36,11 @@ class StreamLimits:
     per_process: int
     open: dict[uuid.UUID, int] = field(default_factory=dict)
     total: int = 0
+    # By stream kind ("sse", "mutations"): open now, and opened since start (metrics).
+    by_kind: dict[str, int] = field(default_factory=dict)
+    opened: dict[str, int] = field(default_factory=dict)
 
-    def acquire(self, session_id: uuid.UUID) -> Slot:
+    def acquire(self, session_id: uuid.UUID, kind: str) -> Slot:
         if self.total >= self.per_process:
             raise TooManyRequests(
                 "SSE connection limit for this server reached",
@@ -47,9 +53,12 @@ class StreamLimits:
             )
         self.open[session_id] = self.open.get(session_id, 0) + 1
         self.total += 1
-        return Slot(self, session_id)
+        self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
+        self.opened[kind] = self.opened.get(kind, 0) + 1
+        return Slot(self, session_id, kind)
 
-    def release(self, session_id: uuid.UUID) -> None:
+    def release(self, session_id: uuid.UUID, kind: str) -> None:
+        self.by_kind[kind] = max(0, self.by_kind.get(kind, 0) - 1)
         count = self.open.get(session_id, 0) - 1
         if count > 0:
             self.open[session_id] = count

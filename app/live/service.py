@@ -88,7 +88,7 @@ async def open_upstream(
             not type_filter or event_type in type_filter
         ) and event_type not in exclude_filter
 
-    slot = state.limits.acquire(session_id)
+    slot = state.limits.acquire(session_id, "sse")
     return EventStreamResponse(
         upstream_events(
             database=state.database,
@@ -123,7 +123,7 @@ async def open_mutations(
     else:
         cursor = header
     await _require_session(state, organization_id, session_id)
-    slot = state.limits.acquire(session_id)
+    slot = state.limits.acquire(session_id, "mutations")
     return EventStreamResponse(
         message_mutations(
             database=state.database,

@@ -42,6 +42,7 @@ from app.live.items import (
     Wakeup,
 )
 from app.messages import checkpoint
+from app.metrics import Metrics
 from app.runner.drivers import (
     Annotations,
     ModelError,
@@ -161,6 +162,8 @@ class TurnRunner:
         self.settings = settings
         self.database = database
         self.bus = bus
+        # Set by the application when metrics are on.
+        self.metrics: Metrics | None = None
         self.driver = create_driver(settings.model_driver, settings.scripted_delay_ms)
         self.leases = create_leases(
             settings.database_url, renew_seconds=settings.runner_renew_seconds
@@ -262,7 +265,12 @@ class TurnRunner:
                     turn_id, max_iterations = await self._active_turn(session_id)
                     if turn_id is None:
                         break
-                    await self._run_turn(session_id, turn_id, max_iterations)
+                    started = time.monotonic()
+                    outcome = await self._run_turn(session_id, turn_id, max_iterations)
+                    if self.metrics is not None:
+                        self.metrics.turns.observe(
+                            (outcome,), time.monotonic() - started
+                        )
             except LeaseLost as exc:
                 log.warning("runner of session %s stopped: %s", session_id, exc)
                 self.rekick.discard(session_id)
@@ -460,7 +468,7 @@ class TurnRunner:
 
     async def _run_turn(
         self, session_id: uuid.UUID, turn_id: uuid.UUID, max_iterations: int
-    ) -> None:
+    ) -> str:
         """Step the model until a step answers without tool calls and no input arrived
         that it did not see, or until `max_iterations` steps. The runner holds the
         streaming message between checkpoints: it is its only writer while the turn
@@ -503,7 +511,7 @@ class TurnRunner:
                 self.live.pop(step.message_id, None)
                 await self.bus.publish(StepEnded(session_id, step.message_id))
                 if turn.message.state == "done":
-                    return
+                    return "completed"
                 tool_results = []
                 for call in tool_calls:
                     turn.tool_count += 1
@@ -514,7 +522,7 @@ class TurnRunner:
                     await self._checkpoint(
                         session_id, turn_id, functools.partial(self._write_cap, turn)
                     )
-                    return
+                    return "completed"
         except TurnCancelled:
             await self._end_with_error(
                 session_id,
@@ -530,6 +538,7 @@ class TurnRunner:
                     turn_id=turn_id,
                 ),
             )
+            return "cancelled"
         except ModelError as exc:
             await self._end_with_error(
                 session_id,
@@ -546,6 +555,7 @@ class TurnRunner:
                     turn_id=turn_id,
                 ),
             )
+            return "failed"
         except (asyncio.CancelledError, LeaseLost):
             # Shutting down: leave the turn for start-up recovery (or another node).
             # Or the turn is not this process's any more: write nothing.
@@ -567,6 +577,7 @@ class TurnRunner:
                     turn_id=turn_id,
                 ),
             )
+            return "failed"
         finally:
             if self.watches.get(session_id) is watch:
                 del self.watches[session_id]
