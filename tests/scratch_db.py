@@ -47,7 +47,7 @@ def _postgresql_database() -> str:
     return url.set(database=name).render_as_string(hide_password=False)
 
 
-async def _create_key(database_url: str, org: str) -> str:
+async def create_key(database_url: str, org: str) -> str:
     database = Database.from_settings(Settings(database_url=database_url))
     try:
         async with database.write() as db:
@@ -62,7 +62,7 @@ def create(args: argparse.Namespace) -> int:
         _postgresql_database() if args.postgresql else f"sqlite+aiosqlite:///{args.sqlite}"
     )
     upgrade(database_url)
-    key = asyncio.run(_create_key(database_url, args.key_org)) if args.key_org else None
+    key = asyncio.run(create_key(database_url, args.key_org)) if args.key_org else None
     print(json.dumps({"database_url": database_url, "api_key": key}))
     return 0
 

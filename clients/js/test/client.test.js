@@ -82,7 +82,12 @@ describe("requests", { timeout: 60_000 }, () => {
   test("cancel() stops the running turn", async () => {
     const session = await client().createSession();
     await session.send("/scenario long 500");
-    await waitUntil(async () => (await session.get()).status === "active", "the turn to run");
+    // Cancelled while the reply streams (a turn cancelled before its reply began has
+    // no agent message at all).
+    await waitUntil(
+      async () => (await session.messages()).items.at(-1).state === "streaming",
+      "the reply to stream",
+    );
     const answer = await session.cancel();
     assert.equal(answer.status, "cancelled");
     await waitIdle(session);
