@@ -17,12 +17,18 @@ def text_of(message: Message) -> str:
 
 
 def agent_done(messages: list[Message]) -> bool:
-    return bool(messages) and messages[-1]["role"] == "agent" and messages[-1]["state"] == "done"
+    return (
+        bool(messages)
+        and messages[-1]["role"] == "agent"
+        and messages[-1]["state"] == "done"
+    )
 
 
 async def main(text: str) -> None:
     base_url = os.environ.get("BASE_URL", "http://127.0.0.1:8000")
-    async with Evermirror(base_url=base_url, api_key=os.environ.get("API_KEY")) as client:
+    async with Evermirror(
+        base_url=base_url, api_key=os.environ.get("API_KEY")
+    ) as client:
         session = await client.create_session(title="python example")
         print(f"session: {session.id}")
         printed = ""

@@ -43,7 +43,9 @@ def _postgresql_database() -> str:
         raise SystemExit("--postgresql needs TEST_DATABASE_URL")
     url = make_url(normalize_database_url(base))
     name = f"evermirror_scratch_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    asyncio.run(_admin(url.render_as_string(hide_password=False), f'CREATE DATABASE "{name}"'))
+    asyncio.run(
+        _admin(url.render_as_string(hide_password=False), f'CREATE DATABASE "{name}"')
+    )
     return url.set(database=name).render_as_string(hide_password=False)
 
 
@@ -59,7 +61,9 @@ async def create_key(database_url: str, org: str) -> str:
 
 def create(args: argparse.Namespace) -> int:
     database_url = (
-        _postgresql_database() if args.postgresql else f"sqlite+aiosqlite:///{args.sqlite}"
+        _postgresql_database()
+        if args.postgresql
+        else f"sqlite+aiosqlite:///{args.sqlite}"
     )
     upgrade(database_url)
     key = asyncio.run(create_key(database_url, args.key_org)) if args.key_org else None

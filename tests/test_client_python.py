@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from evermirror_client import (
     DeltaMutation,
     Evermirror,
@@ -24,8 +25,7 @@ from evermirror_client import (
     utf16_index,
     utf16_length,
 )
-
-from tests.helpers import KeyedServer, keyed_server_fixture
+from tests.helpers import KeyedServer, keyed_server_fixture, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -82,7 +82,9 @@ class RecordingTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         response = await self.inner.handle_async_request(request)
-        after = self.cut() if self.cut and request.url.path.endswith(STREAM_PATH) else None
+        after = (
+            self.cut() if self.cut and request.url.path.endswith(STREAM_PATH) else None
+        )
         if after is None:
             return response
         assert isinstance(response.stream, httpx.AsyncByteStream)
@@ -114,9 +116,10 @@ def make_client(
 
 
 async def wait_idle(session: Any, within: float = 20.0) -> None:
-    async with asyncio.timeout(within):
-        while (await session.get())["status"] != "idle":
-            await asyncio.sleep(0.03)
+    async def idle() -> bool:
+        return bool((await session.get())["status"] == "idle")
+
+    await wait_until(idle, f"{session.id} to be idle", within)
 
 
 async def next_until(
@@ -164,7 +167,9 @@ async def test_pages_follow_the_seed_and_walk_back(keyed_server: KeyedServer) ->
         assert page.end_sequence == page.items[-1]["sequence"]
         assert page.next_before_sequence == page.start_sequence
         assert page.cursor is not None and page.cursor.isdigit()
-        older = await session.messages(limit=4, before_sequence=page.next_before_sequence)
+        older = await session.messages(
+            limit=4, before_sequence=page.next_before_sequence
+        )
         assert not older.has_more and older.next_before_sequence is None
         texts = [m["content"][0]["text"] for m in [*older.items, *page.items]]
         assert texts == ["one", "one", "two", "two", "three", "three"]
@@ -215,11 +220,13 @@ async def test_cancel_stops_the_turn(keyed_server: KeyedServer) -> None:
     async with make_client(keyed_server) as client:
         session = await client.create_session()
         await session.send("/scenario long 500")
+
         # Cancelled while the reply streams (a turn cancelled before its reply began
         # has no agent message at all).
-        async with asyncio.timeout(10):
-            while (await session.messages()).items[-1]["state"] != "streaming":
-                await asyncio.sleep(0.02)
+        async def streaming() -> bool:
+            return bool((await session.messages()).items[-1]["state"] == "streaming")
+
+        await wait_until(streaming, "the reply to stream")
         assert (await session.cancel())["status"] == "cancelled"
         await wait_idle(session)
         agent = (await session.messages()).items[-1]
@@ -231,7 +238,9 @@ async def test_cancel_stops_the_turn(keyed_server: KeyedServer) -> None:
 # ---- subscribe() --------------------------------------------------------------------
 
 
-async def test_subscribe_delivers_a_turn_continuously(keyed_server: KeyedServer) -> None:
+async def test_subscribe_delivers_a_turn_continuously(
+    keyed_server: KeyedServer,
+) -> None:
     async with make_client(keyed_server) as client:
         session = await client.create_session()
         async with session.subscribe() as stream:
@@ -254,7 +263,9 @@ async def test_subscribe_delivers_a_turn_continuously(keyed_server: KeyedServer)
         assert text == final["content"][0]["text"]
 
 
-async def test_subscribe_resumes_with_last_event_id_only(keyed_server: KeyedServer) -> None:
+async def test_subscribe_resumes_with_last_event_id_only(
+    keyed_server: KeyedServer,
+) -> None:
     transport = RecordingTransport()
     async with make_client(keyed_server, transport) as client:
         session = await client.create_session()
@@ -265,9 +276,7 @@ async def test_subscribe_resumes_with_last_event_id_only(keyed_server: KeyedServ
             # Waiting for the next Mutation keeps the stream going: SSE_CYCLE_SECONDS=1
             # (±20 %) closes it, and it is reopened, twice within a few seconds.
             pending = asyncio.ensure_future(anext(stream))
-            async with asyncio.timeout(10):
-                while len(transport.streams()) < 3:
-                    await asyncio.sleep(0.05)
+            await wait_until(lambda: len(transport.streams()) >= 3, "two reconnects")
             await session.send("after")
             seen.append(await asyncio.wait_for(pending, 10))
             seen += await next_until(stream, lambda s: agent_done(seen + s, 2))
@@ -286,7 +295,9 @@ async def test_subscribe_resumes_with_last_event_id_only(keyed_server: KeyedServ
         assert len(revisions) == len(set(revisions)), revisions
 
 
-async def test_subscribe_refused_raises_without_retrying(keyed_server: KeyedServer) -> None:
+async def test_subscribe_refused_raises_without_retrying(
+    keyed_server: KeyedServer,
+) -> None:
     transport = RecordingTransport()
     async with make_client(keyed_server, transport) as client:
         stream = client.session(MISSING).subscribe()
@@ -344,7 +355,9 @@ def assert_prefixes(shown: list[tuple[str, str, str]], messages: list[Message]) 
         assert committed.startswith(text), (text, committed)
 
 
-async def test_sync_loads_the_window_then_follows_live(keyed_server: KeyedServer) -> None:
+async def test_sync_loads_the_window_then_follows_live(
+    keyed_server: KeyedServer,
+) -> None:
     async with make_client(keyed_server) as client:
         session = await client.create_session()
         await session.send("an earlier turn")
@@ -358,7 +371,9 @@ async def test_sync_loads_the_window_then_follows_live(keyed_server: KeyedServer
             assert_prefixes(shown, expected)
             reply = expected[-1]
             partial = [
-                t for i, _, t in shown if i == reply["id"] and t != reply["content"][0]["text"]
+                t
+                for i, _, t in shown
+                if i == reply["id"] and t != reply["content"][0]["text"]
             ]
             assert len(partial) > 3, partial
         assert view.status == "closed"
@@ -382,7 +397,9 @@ async def test_sync_loads_older_pages(keyed_server: KeyedServer) -> None:
             await view.aclose()
 
 
-async def test_sync_converges_despite_random_disconnects(keyed_server: KeyedServer) -> None:
+async def test_sync_converges_despite_random_disconnects(
+    keyed_server: KeyedServer,
+) -> None:
     seed = random.randrange(100_000)
     chooser = random.Random(seed)
     transport = RecordingTransport(cut=lambda: 0.01 + chooser.random() * 0.3)

@@ -53,20 +53,27 @@ def assert_turn(output: str, text: str) -> None:
 def test_curl_example(keyed_server: KeyedServer) -> None:
     for tool in ("curl", "jq", "bash"):
         assert shutil.which(tool), f"the curl example needs {tool}"
-    output = run_example(keyed_server, "bash", str(EXAMPLES / "curl.sh"), "hello from curl")
+    output = run_example(
+        keyed_server, "bash", str(EXAMPLES / "curl.sh"), "hello from curl"
+    )
     assert_turn(output, "hello from curl")
 
 
 def test_node_example(keyed_server: KeyedServer) -> None:
     node = shutil.which("node")
     assert node, "the Node example needs Node.js >= 18"
-    output = run_example(keyed_server, node, str(EXAMPLES / "node.mjs"), "hello from node")
+    output = run_example(
+        keyed_server, node, str(EXAMPLES / "node.mjs"), "hello from node"
+    )
     assert_turn(output, "hello from node")
 
 
 def test_python_example(keyed_server: KeyedServer) -> None:
     output = run_example(
-        keyed_server, sys.executable, str(EXAMPLES / "python_client.py"), "hello from python"
+        keyed_server,
+        sys.executable,
+        str(EXAMPLES / "python_client.py"),
+        "hello from python",
     )
     assert_turn(output, "hello from python")
 
@@ -124,5 +131,44 @@ def test_browser_page_loads_the_client(tmp_path: Path) -> None:
     assert exported.returncode == 0, exported.stderr
     assert exported.stdout.strip() == "", f"not exported: {exported.stdout}"
     # What it renders is set as text, never parsed as HTML.
-    assert not re.search(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write", script)
+    assert not re.search(
+        r"innerHTML|outerHTML|insertAdjacentHTML|document\.write", script
+    )
     assert "textContent" in script
+
+
+def readme_snippet(language: str) -> str:
+    """The README's first `language` code block of its clients section."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### The clients") :]
+    match = re.search(rf"```{language}\n(.*?)```", section, re.DOTALL)
+    assert match, f"no {language} snippet in the README's clients section"
+    return match.group(1)
+
+
+def test_readme_snippets_run(keyed_server: KeyedServer, tmp_path: Path) -> None:
+    """The README's client snippets run as printed (only the address, the key and a
+    `render` function are supplied), so the documentation cannot drift from the API."""
+    js = readme_snippet("js").replace("http://127.0.0.1:8000", keyed_server.url)
+    index = (ROOT / "clients/js/src/index.js").as_uri()
+    js = js.replace('from "evermirror-client"', f'from "{index}"')
+    script = tmp_path / "snippet.mjs"
+    script.write_text(
+        "const apiKey = process.env.API_KEY;\nconst render = () => {};\n"
+        f"{js}\nsub.close();\nview.close();\n"
+        "console.log(`ok ${page.items.length} ${view.messages.length}`);\n"
+    )
+    node = shutil.which("node")
+    assert node, "needs Node.js >= 18"
+    assert run_example(keyed_server, node, str(script)).splitlines()[-1] == "ok 2 2"
+
+    python = readme_snippet("python").replace("http://127.0.0.1:8000", keyed_server.url)
+    body = "\n".join(f"    {line}" for line in python.splitlines())
+    program = tmp_path / "snippet.py"
+    program.write_text(
+        "import asyncio\nimport os\n\n\nasync def main() -> None:\n"
+        '    key = os.environ["API_KEY"]\n'
+        f"{body}\n    print('ok', len(messages), page.total)\n\n\nasyncio.run(main())\n"
+    )
+    output = run_example(keyed_server, sys.executable, str(program)).splitlines()
+    assert output[-2:] == ["message", "ok 2 2"], output

@@ -1,14 +1,6 @@
 """Async client of the evermirror session service, with the seed's surface:
-
-    from evermirror_client import Evermirror
-
-    async with Evermirror(base_url="http://127.0.0.1:8000", api_key=key) as client:
-        session = client.session(session_id)
-        page = await session.messages(limit=50)
-        async with session.sync() as view:
-            await session.send("hello")
-            await view.wait_for(lambda ms: ms[-1]["role"] == "agent" and ms[-1]["state"] == "done")
-"""
+`Evermirror(base_url=..., api_key=...)`, `client.session(id)`, `session.messages()`,
+`session.subscribe()`, `session.sync()`, `send()`, `cancel()` (clients/python/README.md)."""
 
 from evermirror_client._client import Evermirror, Session, Stream, Subscription
 from evermirror_client._errors import EvermirrorError

@@ -274,12 +274,15 @@ class Session:
             if value is not None:
                 body[name] = value
         return cast(
-            Message, await self.client.request("POST", self._path("/messages"), body=body)
+            Message,
+            await self.client.request("POST", self._path("/messages"), body=body),
         )
 
     async def cancel(self) -> dict[str, Any]:
         """Stops the running turn: `{"status": "cancelled" | "no_op", "message"}`."""
-        answer: dict[str, Any] = await self.client.request("POST", self._path("/cancel"))
+        answer: dict[str, Any] = await self.client.request(
+            "POST", self._path("/cancel")
+        )
         return answer
 
     def subscribe(
@@ -388,7 +391,10 @@ class Subscription:
                         failures = 0
                         self.status = "open"
                         async for mutation in stream:
-                            if isinstance(mutation, MessageMutation) and mutation.cursor:
+                            if (
+                                isinstance(mutation, MessageMutation)
+                                and mutation.cursor
+                            ):
                                 self.last_event_id = mutation.cursor
                             yield mutation
                     hint = stream.retry_ms

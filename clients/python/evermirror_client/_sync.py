@@ -83,7 +83,7 @@ class SyncView:
         self._older_before: int | None = None
         self._loaded_once = False
         self._cursor: int | None = None
-        self._listeners: list[Callable[["SyncView"], None]] = []
+        self._listeners: list[Callable[[SyncView], None]] = []
         self._rendered: list[Message] = []
         self._dirty = True
         self._notify_scheduled = False
@@ -132,7 +132,8 @@ class SyncView:
     async def wait_for(
         self,
         predicate: Callable[[list[Message]], bool],
-        timeout: float = 30.0,
+        # A parameter, as in asyncio.wait_for: waiting without a bound is never meant.
+        timeout: float = 30.0,  # noqa: ASYNC109
     ) -> list[Message]:
         """The messages, once `predicate(messages)` holds. TimeoutError after
         `timeout` seconds; the error that closed the view if it closes first."""
@@ -256,7 +257,11 @@ class SyncView:
             return
         part_id = mutation.part_id
         part = live.parts.get(part_id)
-        if part is None or part_id in live.stale or not isinstance(part.get("text"), str):
+        if (
+            part is None
+            or part_id in live.stale
+            or not isinstance(part.get("text"), str)
+        ):
             return
         length = live.units[part_id]
         added = utf16_length(mutation.text)
@@ -379,7 +384,8 @@ class SyncView:
         )
         self._load_page(page)
         if reader.done():
-            return False  # the stream ended meanwhile: its buffer is not the whole story
+            # The stream ended meanwhile: its buffer is not the whole story.
+            return False
         # The live parts shown before a disconnect give way to what this connection
         # sends: the service opens every stream with the live parts so far.
         self._live.clear()

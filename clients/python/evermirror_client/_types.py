@@ -97,7 +97,9 @@ class OtherMutation:
     data: dict[str, Any]
 
 
-Mutation = MessageMutation | PartMutation | DeltaMutation | ResetMutation | OtherMutation
+Mutation = (
+    MessageMutation | PartMutation | DeltaMutation | ResetMutation | OtherMutation
+)
 
 
 def mutation_of(event: str, data: Any, event_id: str) -> Mutation | None:
