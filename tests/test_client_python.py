@@ -5,6 +5,7 @@ moments of streaming turns. The server has an API key (every call proves it is s
 and cycles its streams every second (reconnects happen as in production)."""
 
 import asyncio
+import contextlib
 import random
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -420,6 +421,58 @@ async def test_sync_converges_despite_random_disconnects(
         assert len(streams) >= 5, f"seed {seed}: {len(streams)} connections"
         for request in streams[1:]:
             assert "after" not in request.url.params, f"seed {seed}"
+
+
+class _OpenBody(httpx.AsyncByteStream):
+    """A stream body that sends `body` and then stays open, as a live stream does."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.body
+        await asyncio.Event().wait()
+
+
+async def test_a_disconnecting_frame_means_reconnect_now() -> None:
+    """The server announces a cycle with `disconnecting` and its `retry_ms`: the client
+    reconnects after that pause, from its cursor, though the old body is still open."""
+    snapshot = b'{"message": {"id": "message_1", "sequence": 1, "revision": 1}}'
+    bodies = [
+        b"retry: 5000\nevent: message\nid: 12\ndata: " + snapshot + b"\n\n"
+        b'event: disconnecting\ndata: {"reason":"connection_cycle","retry_ms":60}\n\n',
+        b": ping\n\n",
+    ]
+    loop = asyncio.get_running_loop()
+    requests: list[tuple[httpx.Request, float]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        requests.append((request, loop.time()))
+        body = bodies[min(len(requests), len(bodies)) - 1]
+        return httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, stream=_OpenBody(body)
+        )
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    async with Evermirror(
+        base_url="http://evermirror.test", http_client=http
+    ) as client:
+        stream = client.session("session_x").subscribe(after="0")
+        first = await asyncio.wait_for(anext(stream), 5)
+        assert isinstance(first, MessageMutation) and first.cursor == "12"
+        pending = asyncio.ensure_future(anext(stream))
+        await wait_until(lambda: len(requests) >= 2, "the reconnect", within=5)
+        pending.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pending
+        await stream.aclose()
+    await http.aclose()
+    (first_request, first_at), (second_request, second_at) = requests[:2]
+    assert first_request.url.params["after"] == "0"
+    assert "after" not in second_request.url.params
+    assert second_request.headers["last-event-id"] == "12"
+    # retry_ms of the frame, not the 5 s of `retry:`, and not at once either.
+    assert 0.055 <= second_at - first_at < 2
 
 
 def test_utf16_offsets_convert_to_python_indices() -> None:

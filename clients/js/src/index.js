@@ -202,7 +202,9 @@ export class Session {
     const client = this.client;
     const controller = new AbortController();
     const unfollow = follow(signal, controller);
-    const headers = client.headers({ Accept: "text/event-stream", "Cache-Control": "no-cache" });
+    // No Cache-Control header: a browser would then need a CORS preflight for it;
+    // `cache: "no-store"` below keeps the response out of its cache instead.
+    const headers = client.headers({ Accept: "text/event-stream" });
     if (cursor !== undefined) headers["Last-Event-ID"] = String(cursor);
     const url = client.url(this.path("/messages/stream"), {
       after: cursor === undefined ? after : undefined,
@@ -250,22 +252,24 @@ export class Session {
             return undefined;
           },
           touch,
+          controller.signal,
         );
       } catch (error) {
         if (signal?.aborted) return { kind: "aborted" };
-        return {
-          kind: "error",
-          error: idleFired ? new Error(`no data for ${client.idleTimeoutMs} ms`) : error,
-          retryMs: retryMs ?? parser.retryMs,
-        };
+        return { kind: "error", error: idleFired ? idleError(client) : error };
       }
       if (signal?.aborted) return { kind: "aborted" };
+      if (idleFired) return { kind: "error", error: idleError(client) };
       return { kind: "closed", retryMs: retryMs ?? parser.retryMs };
     } finally {
       clearTimeout(idle);
       unfollow();
     }
   }
+}
+
+function idleError(client) {
+  return new Error(`the stream sent nothing for ${client.idleTimeoutMs} ms`);
 }
 
 function safeJson(text) {

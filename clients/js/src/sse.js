@@ -75,9 +75,13 @@ export class SSEParser {
  * and `onActivity` for every chunk (heartbeats included), so a caller can tell a dead
  * connection from a quiet one.
  */
-export async function readEvents(response, parser, onEvent, onActivity) {
+export async function readEvents(response, parser, onEvent, onActivity, signal) {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
+  // Cancelling the reader ends a pending read even where a `fetch` does not tie its
+  // body to the abort signal (polyfills, test doubles).
+  const cancel = () => reader.cancel().catch(() => {});
+  signal?.addEventListener("abort", cancel, { once: true });
   try {
     for (;;) {
       const { value, done } = await reader.read();
@@ -88,7 +92,8 @@ export async function readEvents(response, parser, onEvent, onActivity) {
       }
     }
   } finally {
+    signal?.removeEventListener("abort", cancel);
     // Releases the connection whether the body ended, failed or the caller stopped.
-    reader.cancel().catch(() => {});
+    cancel();
   }
 }
