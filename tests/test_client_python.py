@@ -380,6 +380,24 @@ async def test_sync_loads_the_window_then_follows_live(
         assert view.status == "closed"
 
 
+async def test_sync_refused_raises_and_a_deleted_session_closes_it(
+    keyed_server: KeyedServer,
+) -> None:
+    async with make_client(keyed_server) as client:
+        with pytest.raises(EvermirrorError) as caught:
+            await client.session(MISSING).sync()
+        assert caught.value.code == "session_not_found"
+        session = await client.create_session()
+        view = await session.sync()
+        await session.delete()
+        await wait_until(lambda: view.status == "closed", "the view to close")
+        assert isinstance(view.error, EvermirrorError)
+        assert view.error.code == "session_not_found"
+        with pytest.raises(EvermirrorError):
+            await view.wait_for(lambda messages: True)
+        await view.aclose()
+
+
 async def test_sync_loads_older_pages(keyed_server: KeyedServer) -> None:
     async with make_client(keyed_server) as client:
         session = await client.create_session()

@@ -96,6 +96,20 @@ describe("sync()", { timeout: 90_000 }, () => {
     assert.equal(view.status, "closed");
   });
 
+  test("a refused view rejects with the typed error; a deleted session closes it", async () => {
+    await assert.rejects(client().session("session_00000000000000000000000000000000").sync(), {
+      status: 404,
+      code: "session_not_found",
+    });
+    const session = await client().createSession();
+    const view = await session.sync();
+    await session.delete();
+    await view.done;
+    assert.equal(view.status, "closed");
+    assert.equal(view.error?.code, "session_not_found");
+    await assert.rejects(view.waitFor(() => true), { code: "session_not_found" });
+  });
+
   test("loadOlder() pages back; live Mutations leave older pages alone", async () => {
     const session = await client().createSession();
     for (let turn = 0; turn < 4; turn += 1) {
