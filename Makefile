@@ -3,35 +3,36 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LINTED := app tests scripts bench clients/python examples
 
 .PHONY: help install run test lint typecheck fmt migrate openapi bench bench-smoke check clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' -e clients/python
 	touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install the project with its dev tools
+install: $(STAMP) ## create .venv and install the project, its dev tools and the Python client
 
 run: $(STAMP) ## migrate the embedded SQLite file and serve on 127.0.0.1:8000
 	$(BIN)/python -m app serve
 
-test: $(STAMP) ## run the suite (SQLite; PostgreSQL too when TEST_DATABASE_URL is set)
+test: $(STAMP) ## run the suite, both clients' tests included (SQLite; PostgreSQL too when TEST_DATABASE_URL is set)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff
-	$(BIN)/ruff check app tests scripts bench
-	$(BIN)/ruff format --check app tests scripts bench
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 
 fmt: $(STAMP) ## format and fix
-	$(BIN)/ruff format app tests scripts bench
-	$(BIN)/ruff check --fix app tests scripts bench
+	$(BIN)/ruff format $(LINTED)
+	$(BIN)/ruff check --fix $(LINTED)
 
-typecheck: $(STAMP) ## mypy --strict on app/
+typecheck: $(STAMP) ## mypy --strict on app/ and the Python client
 	$(BIN)/mypy
 
 migrate: $(STAMP) ## apply migrations to DATABASE_URL

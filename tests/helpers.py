@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -390,6 +391,44 @@ def live_server_fixture(name: str, **env: str) -> Any:
         server.stop()
 
     return live_server
+
+
+DEFAULT_ORG = "org_00000000000000000000000000000001"
+
+
+@dataclass
+class KeyedServer:
+    """A server whose database holds one API key: every request needs it."""
+
+    server: Server
+    api_key: str
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+
+def keyed_server_fixture(name: str, **env: str) -> Any:
+    """A module's `keyed_server` fixture: like `live_server_fixture`, with an API key
+    of the default organization created before the server starts (the client tests
+    prove every call carries it).
+
+        keyed_server = keyed_server_fixture("python-client", SSE_CYCLE_SECONDS="1")
+    """
+    from tests.scratch_db import create_key
+
+    @pytest.fixture(scope="module", params=LANES)
+    def keyed_server(
+        request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[KeyedServer]:
+        directory = tmp_path_factory.mktemp(name)
+        database_url = lane_database_url(request, directory)
+        key = asyncio.run(create_key(database_url, DEFAULT_ORG))
+        server = start_server(database_url, directory, **env)
+        yield KeyedServer(server, key)
+        server.stop()
+
+    return keyed_server
 
 
 def api_fixture() -> Any:

@@ -1,0 +1,504 @@
+"""The Python client (clients/python, `evermirror_client`) against a real server on each
+lane: its calls and typed errors, `subscribe()` reconnecting with `Last-Event-ID` only,
+and `sync()` converging to exactly `GET .../messages` while its stream is cut at random
+moments of streaming turns. The server has an API key (every call proves it is sent)
+and cycles its streams every second (reconnects happen as in production)."""
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from evermirror_client import (
+    DeltaMutation,
+    Evermirror,
+    EvermirrorError,
+    Message,
+    MessageMutation,
+    Mutation,
+    PartMutation,
+    SessionMessagePage,
+    SyncView,
+    utf16_index,
+    utf16_length,
+)
+from tests.helpers import KeyedServer, keyed_server_fixture, wait_until
+
+pytestmark = pytest.mark.e2e
+
+keyed_server = keyed_server_fixture(
+    "python-client", SCRIPTED_DELAY_MS="10", SSE_CYCLE_SECONDS="1"
+)
+
+MISSING = "session_00000000000000000000000000000000"
+STREAM_PATH = "/messages/stream"
+
+
+# ---- a transport that records requests and cuts streams ------------------------------
+
+
+class _CutStream(httpx.AsyncByteStream):
+    """A response body that fails like a dropped connection after `after` seconds."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, after: float) -> None:
+        self.inner = inner
+        self.after = after
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.after
+        chunks = aiter(self.inner)
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise httpx.ReadError("connection dropped by the test")
+            try:
+                chunk = await asyncio.wait_for(anext(chunks), remaining)
+            except TimeoutError:
+                raise httpx.ReadError("connection dropped by the test") from None
+            except StopAsyncIteration:
+                return
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class RecordingTransport(httpx.AsyncBaseTransport):
+    """Records every request; when `cut` is given, each Mutation stream connection
+    is dropped after `cut()` seconds (None: left alone)."""
+
+    def __init__(self, cut: Callable[[], float | None] | None = None) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.cut = cut
+        self.requests: list[httpx.Request] = []
+
+    def streams(self) -> list[httpx.Request]:
+        return [r for r in self.requests if r.url.path.endswith(STREAM_PATH)]
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        response = await self.inner.handle_async_request(request)
+        after = (
+            self.cut() if self.cut and request.url.path.endswith(STREAM_PATH) else None
+        )
+        if after is None:
+            return response
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_CutStream(response.stream, after),
+            extensions=response.extensions,
+            request=request,
+        )
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def make_client(
+    server: KeyedServer,
+    transport: httpx.AsyncBaseTransport | None = None,
+    **options: Any,
+) -> Evermirror:
+    http = httpx.AsyncClient(transport=transport) if transport else None
+    return Evermirror(
+        base_url=server.url,
+        api_key=server.api_key,
+        http_client=http,
+        retry_seconds=0.02,
+        **options,
+    )
+
+
+async def wait_idle(session: Any, within: float = 20.0) -> None:
+    async def idle() -> bool:
+        return bool((await session.get())["status"] == "idle")
+
+    await wait_until(idle, f"{session.id} to be idle", within)
+
+
+async def next_until(
+    stream: AsyncIterator[Mutation],
+    done: Callable[[list[Mutation]], bool],
+    within: float = 15.0,
+) -> list[Mutation]:
+    """Mutations of `stream` until `done(seen)` holds."""
+    seen: list[Mutation] = []
+    async with asyncio.timeout(within):
+        async for mutation in stream:
+            seen.append(mutation)
+            if done(seen):
+                return seen
+    raise AssertionError(f"the stream ended: {seen}")
+
+
+def agent_done(seen: list[Mutation], count: int = 1) -> bool:
+    return (
+        sum(
+            isinstance(m, MessageMutation)
+            and m.message["role"] == "agent"
+            and m.message["state"] == "done"
+            for m in seen
+        )
+        >= count
+    )
+
+
+# ---- calls and errors ---------------------------------------------------------------
+
+
+async def test_pages_follow_the_seed_and_walk_back(keyed_server: KeyedServer) -> None:
+    async with make_client(keyed_server) as client:
+        session = await client.create_session(title="pages")
+        assert session.info is not None and session.info["title"] == "pages"
+        for word in ("one", "two", "three"):
+            sent = await session.send(word)
+            assert sent["delivery"] == "started"
+            await wait_idle(session)
+        page = await session.messages(limit=4)
+        assert isinstance(page, SessionMessagePage)
+        assert page.total == 6 and page.has_more and len(page.items) == 4
+        assert page.start_sequence == page.items[0]["sequence"]
+        assert page.end_sequence == page.items[-1]["sequence"]
+        assert page.next_before_sequence == page.start_sequence
+        assert page.cursor is not None and page.cursor.isdigit()
+        older = await session.messages(
+            limit=4, before_sequence=page.next_before_sequence
+        )
+        assert not older.has_more and older.next_before_sequence is None
+        texts = [m["content"][0]["text"] for m in [*older.items, *page.items]]
+        assert texts == ["one", "one", "two", "two", "three", "three"]
+        raw = await client.http.get(
+            f"{keyed_server.url}/v1/sessions/{session.id}/messages",
+            params={"limit": 4},
+            headers={"Authorization": f"Bearer {keyed_server.api_key}"},
+        )
+        assert page.items == raw.json()["data"]
+
+
+async def test_errors_carry_the_problem_fields(keyed_server: KeyedServer) -> None:
+    async with make_client(keyed_server) as client:
+        with pytest.raises(EvermirrorError) as caught:
+            await client.session(MISSING).messages()
+        error = caught.value
+        assert error.status == 404 and error.code == "session_not_found"
+        assert error.title == "Not Found"
+        assert error.detail == f"Session {MISSING} not found" == str(error)
+        assert error.type == "https://docs.everruns.com/errors/session_not_found"
+        assert error.request_id is not None and len(error.request_id) == 32
+        assert not error.retryable
+
+        with pytest.raises(EvermirrorError) as caught:
+            await client.session("sess_1").get()
+        assert (caught.value.status, caught.value.code) == (400, "invalid_id")
+
+        session = await client.create_session()
+        with pytest.raises(EvermirrorError) as caught:
+            await session.send([])
+        assert caught.value.status == 422 and caught.value.errors
+
+        first = await session.send("hello", client_message_id="c-1")
+        again = await session.send("hello", client_message_id="c-1")
+        assert again["delivery"] == "duplicate" and again["id"] == first["id"]
+        with pytest.raises(EvermirrorError) as caught:
+            await session.send("other", client_message_id="c-1")
+        assert caught.value.code == "client_message_id_conflict"
+        await wait_idle(session)
+
+    async with Evermirror(base_url=keyed_server.url) as keyless:
+        with pytest.raises(EvermirrorError) as caught:
+            await keyless.list_sessions()
+        assert (caught.value.status, caught.value.code) == (401, "unauthorized")
+
+
+async def test_cancel_stops_the_turn(keyed_server: KeyedServer) -> None:
+    async with make_client(keyed_server) as client:
+        session = await client.create_session()
+        await session.send("/scenario long 500")
+
+        # Cancelled while the reply streams (a turn cancelled before its reply began
+        # has no agent message at all).
+        async def streaming() -> bool:
+            return bool((await session.messages()).items[-1]["state"] == "streaming")
+
+        await wait_until(streaming, "the reply to stream")
+        assert (await session.cancel())["status"] == "cancelled"
+        await wait_idle(session)
+        agent = (await session.messages()).items[-1]
+        assert agent["role"] == "agent" and agent["state"] == "done"
+        assert any(p["type"] == "error" for p in agent["content"])
+        assert (await session.cancel())["status"] == "no_op"
+
+
+# ---- subscribe() --------------------------------------------------------------------
+
+
+async def test_subscribe_delivers_a_turn_continuously(
+    keyed_server: KeyedServer,
+) -> None:
+    async with make_client(keyed_server) as client:
+        session = await client.create_session()
+        async with session.subscribe() as stream:
+            # Subscribed before posting: nothing of the turn can be missed.
+            first = asyncio.ensure_future(anext(stream))
+            await asyncio.sleep(0.3)
+            await session.send("/scenario long 20")
+            seen = [await asyncio.wait_for(first, 10)]
+            seen += await next_until(stream, lambda s: agent_done(seen + s))
+        assert stream.status == "closed"
+        text = ""
+        for mutation in seen:
+            if isinstance(mutation, PartMutation) and mutation.part["type"] == "text":
+                text = mutation.part["text"]
+            elif isinstance(mutation, DeltaMutation):
+                assert mutation.offset == utf16_length(text)
+                text += mutation.text
+        final = [m for m in seen if isinstance(m, MessageMutation)][-1].message
+        assert any(isinstance(m, DeltaMutation) for m in seen)
+        assert text == final["content"][0]["text"]
+
+
+async def test_subscribe_resumes_with_last_event_id_only(
+    keyed_server: KeyedServer,
+) -> None:
+    transport = RecordingTransport()
+    async with make_client(keyed_server, transport) as client:
+        session = await client.create_session()
+        await session.send("before")
+        await wait_idle(session)
+        async with session.subscribe(after="0") as stream:
+            seen = await next_until(stream, agent_done)
+            # Waiting for the next Mutation keeps the stream going: SSE_CYCLE_SECONDS=1
+            # (±20 %) closes it, and it is reopened, twice within a few seconds.
+            pending = asyncio.ensure_future(anext(stream))
+            await wait_until(lambda: len(transport.streams()) >= 3, "two reconnects")
+            await session.send("after")
+            seen.append(await asyncio.wait_for(pending, 10))
+            seen += await next_until(stream, lambda s: agent_done(seen + s, 2))
+        first, *reconnects = transport.streams()
+        assert first.url.params.get("after") == "0"
+        assert "last-event-id" not in first.headers
+        assert first.headers["authorization"] == f"Bearer {keyed_server.api_key}"
+        for request in reconnects:
+            assert "after" not in request.url.params, request.url
+            assert request.headers["last-event-id"].isdigit()
+        revisions = [
+            (m.message["id"], m.message["revision"])
+            for m in seen
+            if isinstance(m, MessageMutation)
+        ]
+        assert len(revisions) == len(set(revisions)), revisions
+
+
+async def test_subscribe_refused_raises_without_retrying(
+    keyed_server: KeyedServer,
+) -> None:
+    transport = RecordingTransport()
+    async with make_client(keyed_server, transport) as client:
+        stream = client.session(MISSING).subscribe()
+        with pytest.raises(EvermirrorError) as caught:
+            await asyncio.wait_for(anext(stream), 10)
+        assert caught.value.code == "session_not_found"
+        assert stream.status == "closed"
+        assert len(transport.streams()) == 1
+
+
+# ---- sync() -------------------------------------------------------------------------
+
+
+async def listed(session: Any) -> list[Message]:
+    page: SessionMessagePage = await session.messages(limit=200)
+    return page.items
+
+
+async def converged(view: SyncView, session: Any) -> list[Message]:
+    await wait_idle(session)
+    expected = await listed(session)
+    try:
+        await view.wait_for(lambda messages: messages == expected, timeout=10)
+    except TimeoutError:
+        assert view.messages == expected, view.status
+    return expected
+
+
+def record_live_text(view: SyncView) -> list[tuple[str, str, str]]:
+    shown: list[tuple[str, str, str]] = []
+
+    def record(_: SyncView) -> None:
+        for message in view.messages:
+            for part in message["content"]:
+                if isinstance(part.get("text"), str):
+                    shown.append((message["id"], part["part_id"], part["text"]))
+
+    view.on_change(record)
+    return shown
+
+
+def assert_prefixes(shown: list[tuple[str, str, str]], messages: list[Message]) -> None:
+    """Every text the view showed is a prefix of its part's committed text: nothing
+    was applied twice, out of place, or invented."""
+    final: dict[tuple[str, str], Any] = {}
+    for message in messages:
+        for part in message["content"]:
+            text = part.get("text")
+            final[message["id"], part["part_id"]] = (
+                text.get("text") if isinstance(text, dict) else text
+            )
+    for message_id, part_id, text in shown:
+        committed = final.get((message_id, part_id))
+        assert isinstance(committed, str), (message_id, part_id)
+        assert committed.startswith(text), (text, committed)
+
+
+async def test_sync_loads_the_window_then_follows_live(
+    keyed_server: KeyedServer,
+) -> None:
+    async with make_client(keyed_server) as client:
+        session = await client.create_session()
+        await session.send("an earlier turn")
+        await wait_idle(session)
+        async with session.sync() as view:
+            assert view.status == "live"
+            assert view.messages == await listed(session)
+            shown = record_live_text(view)
+            await session.send("/scenario long 30")
+            expected = await converged(view, session)
+            assert_prefixes(shown, expected)
+            reply = expected[-1]
+            partial = [
+                t
+                for i, _, t in shown
+                if i == reply["id"] and t != reply["content"][0]["text"]
+            ]
+            assert len(partial) > 3, partial
+        assert view.status == "closed"
+
+
+async def test_sync_refused_raises_and_a_deleted_session_closes_it(
+    keyed_server: KeyedServer,
+) -> None:
+    async with make_client(keyed_server) as client:
+        with pytest.raises(EvermirrorError) as caught:
+            await client.session(MISSING).sync()
+        assert caught.value.code == "session_not_found"
+        session = await client.create_session()
+        view = await session.sync()
+        await session.delete()
+        await wait_until(lambda: view.status == "closed", "the view to close")
+        assert isinstance(view.error, EvermirrorError)
+        assert view.error.code == "session_not_found"
+        with pytest.raises(EvermirrorError):
+            await view.wait_for(lambda messages: True)
+        await view.aclose()
+
+
+async def test_sync_loads_older_pages(keyed_server: KeyedServer) -> None:
+    async with make_client(keyed_server) as client:
+        session = await client.create_session()
+        for turn in range(4):
+            await session.send(f"turn {turn}")
+            await wait_idle(session)
+        view = await session.sync(limit=3)
+        try:
+            assert len(view.messages) == 3 and view.has_more
+            assert await view.load_older() == 3
+            assert await view.load_older() == 2
+            assert not view.has_more and await view.load_older() == 0
+            await session.send("one more")
+            assert len(await converged(view, session)) == 10
+        finally:
+            await view.aclose()
+
+
+async def test_sync_converges_despite_random_disconnects(
+    keyed_server: KeyedServer,
+) -> None:
+    seed = random.randrange(100_000)
+    chooser = random.Random(seed)
+    transport = RecordingTransport(cut=lambda: 0.01 + chooser.random() * 0.3)
+    async with make_client(keyed_server, transport) as client:
+        session = await client.create_session()
+        async with session.sync() as view:
+            shown = record_live_text(view)
+            for text in (
+                "/scenario long 40",
+                "/scenario tool",
+                "/scenario reasoning",
+                "/scenario long 25",
+            ):
+                await session.send(text)
+                expected = await converged(view, session)
+                assert_prefixes(shown, expected)
+        streams = transport.streams()
+        assert len(streams) >= 5, f"seed {seed}: {len(streams)} connections"
+        for request in streams[1:]:
+            assert "after" not in request.url.params, f"seed {seed}"
+
+
+class _OpenBody(httpx.AsyncByteStream):
+    """A stream body that sends `body` and then stays open, as a live stream does."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.body
+        await asyncio.Event().wait()
+
+
+async def test_a_disconnecting_frame_means_reconnect_now() -> None:
+    """The server announces a cycle with `disconnecting` and its `retry_ms`: the client
+    reconnects after that pause, from its cursor, though the old body is still open."""
+    snapshot = b'{"message": {"id": "message_1", "sequence": 1, "revision": 1}}'
+    bodies = [
+        b"retry: 5000\nevent: message\nid: 12\ndata: " + snapshot + b"\n\n"
+        b'event: disconnecting\ndata: {"reason":"connection_cycle","retry_ms":60}\n\n',
+        b": ping\n\n",
+    ]
+    loop = asyncio.get_running_loop()
+    requests: list[tuple[httpx.Request, float]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        requests.append((request, loop.time()))
+        body = bodies[min(len(requests), len(bodies)) - 1]
+        return httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, stream=_OpenBody(body)
+        )
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    async with Evermirror(
+        base_url="http://evermirror.test", http_client=http
+    ) as client:
+        stream = client.session("session_x").subscribe(after="0")
+        first = await asyncio.wait_for(anext(stream), 5)
+        assert isinstance(first, MessageMutation) and first.cursor == "12"
+        pending = asyncio.ensure_future(anext(stream))
+        await wait_until(lambda: len(requests) >= 2, "the reconnect", within=5)
+        pending.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pending
+        await stream.aclose()
+    await http.aclose()
+    (first_request, first_at), (second_request, second_at) = requests[:2]
+    assert first_request.url.params["after"] == "0"
+    assert "after" not in second_request.url.params
+    assert second_request.headers["last-event-id"] == "12"
+    # retry_ms of the frame, not the 5 s of `retry:`, and not at once either.
+    assert 0.055 <= second_at - first_at < 2
+
+
+def test_utf16_offsets_convert_to_python_indices() -> None:
+    # Delta offsets count UTF-16 units: an emoji is one str character but two units.
+    assert utf16_length("hi") == 2
+    assert utf16_length("hi 😀") == 5
+    assert utf16_length("🇺🇦") == 4
+    assert utf16_index("a😀b", 1) == 1
+    assert utf16_index("a😀b", 3) == 2
+    assert utf16_index("a😀b", 10) == 3
+    assert utf16_index("abc", 2) == 2
