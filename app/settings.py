@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     # Public base URL used for self_url/view_url/ui_link; derived from the request when unset.
     public_url: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # `json`: one JSON object a line; `text`: for people. Unset: text when stderr is a
+    # terminal, JSON otherwise (app/ops/logs.py).
+    log_format: Literal["json", "text"] | None = None
 
     # PostgreSQL pool; SQLite ignores these.
     db_pool_size: int = 10

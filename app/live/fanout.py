@@ -12,6 +12,7 @@ waiter, with no task, timer or wrapper per item.
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 import uuid
@@ -320,7 +321,10 @@ class Fanout:
             channel = Channel(session_id)
             self.channels[session_id] = channel
             channel.task = asyncio.create_task(
-                self._pump(channel), name=f"fanout-{session_id.hex}"
+                self._pump(channel),
+                name=f"fanout-{session_id.hex}",
+                # Not the context (the request id) of the stream that opened it.
+                context=contextvars.Context(),
             )
         channel.subscribers.add(sub)
         return sub

@@ -10,6 +10,7 @@ sent to any process stops a turn running on any other.
 
 import asyncio
 import contextlib
+import contextvars
 import copy
 import functools
 import logging
@@ -42,6 +43,7 @@ from app.live.items import (
     Wakeup,
 )
 from app.messages import checkpoint
+from app.ops import logs
 from app.runner.drivers import (
     Annotations,
     ModelError,
@@ -238,11 +240,16 @@ class TurnRunner:
             self.rekick.add(session_id)
             return
         task = asyncio.create_task(
-            self._run_session(session_id), name=f"turn-{session_id.hex}"
+            self._run_session(session_id),
+            name=f"turn-{session_id.hex}",
+            # Not the context of the request that kicked it: its log lines are the
+            # session's and its turns', not that request's.
+            context=contextvars.Context(),
         )
         self.tasks[session_id] = task
 
     async def _run_session(self, session_id: uuid.UUID) -> None:
+        logs.SESSION_ID.set(format_id("session", session_id))
         try:
             acquired = False
             # Another process may be finishing this session's previous turn; it re-checks
@@ -466,6 +473,7 @@ class TurnRunner:
         streaming message between checkpoints: it is its only writer while the turn
         runs (each checkpoint is fenced, see `_checkpoint`, and the message update
         checks the revision)."""
+        logs.TURN_ID.set(format_id("turn", turn_id))
         watch = self.watches[session_id] = asyncio.Event()
         turn = TurnProgress(session_id, turn_id, time.monotonic())
         tool_results: list[dict[str, Any]] = []
