@@ -286,7 +286,7 @@ def openapi(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="evermirror", description="An Everruns-compatible session service"
     )
@@ -364,8 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     p_openapi = commands.add_parser("openapi", help="write the OpenAPI document")
     p_openapi.add_argument("--output", default="openapi/openapi.json")
     p_openapi.set_defaults(func=openapi)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         settings = get_settings()
     except ValidationError as exc:

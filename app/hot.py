@@ -35,7 +35,7 @@ from app.guards import RateLimiter
 from app.live import service as live_service
 from app.live.response import EventStreamResponse
 from app.messages import service
-from app.ops.logs import REQUEST_ID, SESSION_ID
+from app.ops import logs
 from app.schemas import MAX_INT32
 
 if TYPE_CHECKING:
@@ -165,8 +165,8 @@ class HotRoutes:
                 request.adopt(value)
         if self.tag_logs:
             # The request's own task: the context ends with it.
-            REQUEST_ID.set(request.id)
-            SESSION_ID.set(parts[3])
+            logs.REQUEST_ID.set(request.id)
+            logs.SESSION_ID.set(parts[3])
         caller = state.keys.cached(authorization)
         if caller is None:
             return False

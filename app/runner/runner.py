@@ -477,6 +477,8 @@ class TurnRunner:
         watch = self.watches[session_id] = asyncio.Event()
         turn = TurnProgress(session_id, turn_id, time.monotonic())
         tool_results: list[dict[str, Any]] = []
+        # How the turn ended here, for its log line (left to recovery unless set).
+        outcome = "interrupted"
         try:
             while True:
                 turn.iteration += 1
@@ -511,6 +513,7 @@ class TurnRunner:
                 self.live.pop(step.message_id, None)
                 await self.bus.publish(StepEnded(session_id, step.message_id))
                 if turn.message.state == "done":
+                    outcome = "completed"
                     return
                 tool_results = []
                 for call in tool_calls:
@@ -522,8 +525,10 @@ class TurnRunner:
                     await self._checkpoint(
                         session_id, turn_id, functools.partial(self._write_cap, turn)
                     )
+                    outcome = "completed"
                     return
         except TurnCancelled:
+            outcome = "cancelled"
             await self._end_with_error(
                 session_id,
                 turn_id,
@@ -539,6 +544,7 @@ class TurnRunner:
                 ),
             )
         except ModelError as exc:
+            outcome = "failed"
             await self._end_with_error(
                 session_id,
                 turn_id,
@@ -559,6 +565,7 @@ class TurnRunner:
             # Or the turn is not this process's any more: write nothing.
             raise
         except Exception as exc:
+            outcome = "failed"
             log.exception("turn %s failed", turn_id)
             await self._end_with_error(
                 session_id,
@@ -580,6 +587,12 @@ class TurnRunner:
                 del self.watches[session_id]
             if turn.message is not None:
                 self.live.pop(turn.message.id, None)
+            log.info(
+                "turn %s after %d step(s) in %.0f ms",
+                outcome,
+                turn.iteration,
+                (time.monotonic() - turn.started) * 1000,
+            )
 
     async def _write_open(
         self, turn: TurnProgress, db: Write, session: LockedSession
