@@ -20,6 +20,7 @@ with status 1; Ctrl-C ends it with status 0.
 
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -374,6 +375,9 @@ def main(url: str, session_id: str, key: str | None, as_json: bool) -> int:
         if as_json
         else Screen(out, colour=out.isatty() and not os.environ.get("NO_COLOR"))
     )
+    # Ctrl-C stops it even where SIGINT was ignored by whoever started it (a shell
+    # runs background commands so, and Python then installs no handler of its own).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     client = httpx.Client(
         base_url=url.rstrip("/"),
