@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy.exc import DBAPIError
 
 from app.ops import logs
 from app.settings import Settings, get_settings
@@ -109,7 +110,15 @@ def serve(args: argparse.Namespace) -> int:
     if settings.should_auto_migrate:
         upgrade(settings.database_url)
         settings = settings.model_copy(update={"auto_migrate": False})
-    keyed = asyncio.run(_keys_state(settings, args.first_key))
+    try:
+        keyed = asyncio.run(_keys_state(settings, args.first_key))
+    except DBAPIError as exc:
+        print(
+            f"cannot read the API keys of {settings.database_url.split('@')[-1]}: "
+            f"{type(exc.orig).__name__}: {exc.orig}. Is it migrated (`evermirror migrate`)?",
+            file=sys.stderr,
+        )
+        return 2
     where = f"{settings.host}:{settings.port}"
     if keyed:
         log.info("serving on %s; API keys required", where)

@@ -12,7 +12,6 @@ waiter, with no task, timer or wrapper per item.
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import time
 import uuid
@@ -35,6 +34,7 @@ from app.live.items import (
     TextDelta,
     Wakeup,
 )
+from app.ops import logs
 
 log = logging.getLogger("app.live.fanout")
 
@@ -321,10 +321,7 @@ class Fanout:
             channel = Channel(session_id)
             self.channels[session_id] = channel
             channel.task = asyncio.create_task(
-                self._pump(channel),
-                name=f"fanout-{session_id.hex}",
-                # Not the context (the request id) of the stream that opened it.
-                context=contextvars.Context(),
+                self._pump(channel), name=f"fanout-{session_id.hex}"
             )
         channel.subscribers.add(sub)
         return sub
@@ -405,6 +402,9 @@ class Fanout:
     # ---- per-session reads ---------------------------------------------------------
 
     async def _pump(self, channel: Channel) -> None:
+        # Created inside the request of the channel's first stream: its log lines are
+        # the session's, not that request's.
+        logs.REQUEST_ID.set(None)
         while True:
             item = await channel.inbox.get()
             if isinstance(item, Wakeup):

@@ -10,7 +10,6 @@ sent to any process stops a turn running on any other.
 
 import asyncio
 import contextlib
-import contextvars
 import copy
 import functools
 import logging
@@ -240,15 +239,14 @@ class TurnRunner:
             self.rekick.add(session_id)
             return
         task = asyncio.create_task(
-            self._run_session(session_id),
-            name=f"turn-{session_id.hex}",
-            # Not the context of the request that kicked it: its log lines are the
-            # session's and its turns', not that request's.
-            context=contextvars.Context(),
+            self._run_session(session_id), name=f"turn-{session_id.hex}"
         )
         self.tasks[session_id] = task
 
     async def _run_session(self, session_id: uuid.UUID) -> None:
+        # The task may have been created inside the request that kicked it: its log
+        # lines are the session's and its turns', not that request's.
+        logs.REQUEST_ID.set(None)
         logs.SESSION_ID.set(format_id("session", session_id))
         try:
             acquired = False
@@ -560,9 +558,11 @@ class TurnRunner:
                     turn_id=turn_id,
                 ),
             )
-        except (asyncio.CancelledError, LeaseLost):
+        except (asyncio.CancelledError, LeaseLost) as exc:
             # Shutting down: leave the turn for start-up recovery (or another node).
             # Or the turn is not this process's any more: write nothing.
+            if isinstance(exc, LeaseLost):
+                outcome = "taken over"
             raise
         except Exception as exc:
             outcome = "failed"
