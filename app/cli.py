@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy.exc import DBAPIError
 
 from app.ops import logs
 from app.settings import Settings, get_settings
@@ -83,6 +82,7 @@ async def _keys_state(settings: Settings, first_key: bool) -> bool:
 
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
+    from sqlalchemy.exc import DBAPIError
 
     from app import server
     from app.db.migrate import upgrade
