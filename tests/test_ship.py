@@ -324,8 +324,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
             "install",
             "--quiet",
             "--disable-pip-version-check",
-            # Not every module of every dependency: the processes compile what they
-            # import (a third of the install's time).
+            # Not every module of every dependency up front: the processes compile
+            # what they import.
             "--no-compile",
             str(wheel),
         ],
