@@ -31,6 +31,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import models
+from app.db.dialect import lock_for_transaction
 from app.db.session import Database
 from app.db.types import utcnow
 from app.db.writes import Write
@@ -92,6 +93,17 @@ async def revoke_key(
     if result.rowcount:
         db.outbox.keys_changed = True
     return int(result.rowcount)
+
+
+async def create_first_key(db: Write) -> tuple[models.ApiKey, str] | None:
+    """A key for the default organization (the one open mode serves), unless a key was
+    ever created. Processes starting together create one key between them: the check
+    and the insert hold a lock (`lock_for_transaction`)."""
+    conn = await db.core()
+    await lock_for_transaction(conn, "evermirror.first_key")
+    if await conn.scalar(select(models.ApiKey.id).limit(1)) is not None:
+        return None
+    return await create_key(db, organization_id=DEFAULT_ORG_ID, name="first key")
 
 
 async def list_keys(db: AsyncSession) -> list[models.ApiKey]:

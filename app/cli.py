@@ -1,4 +1,5 @@
-"""Command line: `serve`, `migrate`, `keys create|list|revoke`, `openapi`."""
+"""Command line: `serve`, `migrate`, `keys create|list|revoke`, `probe`, `tail`,
+`openapi`."""
 
 import argparse
 import asyncio
@@ -11,7 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from app.ops import logs
 from app.settings import Settings, get_settings
+
+log = logging.getLogger("app.cli")
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain"}
 
@@ -31,20 +37,52 @@ def is_loopback(host: str) -> bool:
             return False
 
 
-async def _has_keys(settings: Settings) -> bool:
-    from app.auth import keys_exist
+def local_url(settings: Settings) -> str:
+    """The URL of this machine's server on HOST and PORT (a wildcard address is
+    reached on loopback)."""
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(
+        settings.host, settings.host
+    )
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port}"
+
+
+async def _keys_state(settings: Settings, first_key: bool) -> bool:
+    """Whether API keys exist; with `first_key`, create the first one if none does
+    (announced in the log, the key with it: it is shown once)."""
+    from app import auth
     from app.db.session import Database
+    from app.ids import format_id
+    from app.live.bus import create_bus
 
     database = Database.from_settings(settings)
+    # A key created here ends open mode on running servers too (see `_keys`).
+    database.hooks = create_bus(settings.database_url)
     try:
+        if first_key:
+            async with database.write() as db:
+                created = await auth.create_first_key(db)
+            if created is not None:
+                row, key = created
+                log.warning(
+                    "No API key existed, so the first one was created: %s for %s. "
+                    "Every request needs a key from now on (Authorization: Bearer "
+                    "<key>); this one is shown once, here: %s",
+                    format_id("key", row.id),
+                    format_id("org", row.organization_id),
+                    key,
+                )
+                return True
         async with database.read() as db:
-            return await keys_exist(db)
+            return await auth.keys_exist(db)
     finally:
         await database.dispose()
 
 
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
+    from sqlalchemy.exc import DBAPIError
 
     from app import server
     from app.db.migrate import upgrade
@@ -72,21 +110,40 @@ def serve(args: argparse.Namespace) -> int:
     if settings.should_auto_migrate:
         upgrade(settings.database_url)
         settings = settings.model_copy(update={"auto_migrate": False})
-    if (
-        not is_loopback(settings.host)
-        and not args.insecure
-        and not asyncio.run(_has_keys(settings))
-    ):
+    try:
+        keyed = asyncio.run(_keys_state(settings, args.first_key))
+    except DBAPIError as exc:
         print(
-            f"refusing to serve on {settings.host}: no API keys exist, so the service would be open to "
-            "anyone. Create one with `python -m app keys create --org <org_id>`, or pass --insecure.",
+            f"cannot read the API keys of {settings.database_url.split('@')[-1]}: "
+            f"{type(exc.orig).__name__}: {exc.orig}. Is it migrated (`evermirror migrate`)?",
             file=sys.stderr,
         )
         return 2
+    where = f"{settings.host}:{settings.port}"
+    if keyed:
+        log.info("serving on %s; API keys required", where)
+    elif not is_loopback(settings.host) and not args.insecure:
+        print(
+            f"refusing to serve on {settings.host}: no API keys exist, so the service would be open to "
+            "anyone. Create one with `evermirror keys create --org <org_id>`, pass --first-key "
+            "to have one created and printed, or pass --insecure.",
+            file=sys.stderr,
+        )
+        return 2
+    else:
+        log.warning(
+            "serving on %s in OPEN MODE: no API key exists, so every request is served "
+            "without one (as organization org_00000000000000000000000000000001)%s. "
+            "`evermirror keys create --org <org_id>` ends open mode.",
+            where,
+            " to anyone who can reach it (--insecure)" if args.insecure else "",
+        )
     common: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
         "log_level": settings.log_level,
+        # The service's log format for uvicorn's lines too, in every worker.
+        "log_config": logs.logging_config(settings.log_level, settings.log_format),
         # X-Forwarded-For / -Proto only from the configured proxies: otherwise any
         # client could pick the address it is rate limited by.
         "proxy_headers": bool(settings.trusted_proxies),
@@ -109,13 +166,41 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def migrate(_args: argparse.Namespace) -> int:
+def migrate(args: argparse.Namespace) -> int:
     from app.db.migrate import upgrade
 
     settings = get_settings()
     upgrade(settings.database_url)
     print(f"migrated {settings.database_url.split('@')[-1]} to head")
+    if args.first_key:
+        asyncio.run(_keys_state(settings, first_key=True))
     return 0
+
+
+def probe(args: argparse.Namespace) -> int:
+    """Exit 0 if this machine's server answers `/ready` (or `/health`) with 200: the
+    container's HEALTHCHECK, which has neither curl nor a fixed port."""
+    import httpx
+
+    path = f"/{args.probe}"
+    url = (args.url or local_url(get_settings())).rstrip("/") + path
+    try:
+        response = httpx.get(url, timeout=args.timeout)
+    except httpx.HTTPError as exc:
+        print(f"{url}: {exc or type(exc).__name__}", file=sys.stderr)
+        return 1
+    if response.status_code == 200:
+        return 0
+    print(f"{url}: {response.status_code} {response.text[:500]}", file=sys.stderr)
+    return 1
+
+
+def tail(args: argparse.Namespace) -> int:
+    from app import tail as tail_command
+
+    url = args.url or os.environ.get("EVERMIRROR_URL") or local_url(get_settings())
+    key = args.key or os.environ.get("EVERMIRROR_API_KEY")
+    return tail_command.main(url, args.session_id, key, args.json)
 
 
 def _revocation_target(text: str) -> dict[str, Any] | str:
@@ -210,10 +295,7 @@ def openapi(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="evermirror", description="An Everruns-compatible session service"
     )
@@ -238,11 +320,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="allow a non-loopback address without API keys",
     )
+    p_serve.add_argument(
+        "--first-key",
+        action="store_true",
+        help="if no API key exists, create one and print it in the log (the container's default)",
+    )
     p_serve.set_defaults(func=serve)
 
-    commands.add_parser(
-        "migrate", help="apply migrations to DATABASE_URL"
-    ).set_defaults(func=migrate)
+    p_migrate = commands.add_parser("migrate", help="apply migrations to DATABASE_URL")
+    p_migrate.add_argument(
+        "--first-key",
+        action="store_true",
+        help="then, if no API key exists, create one and print it in the log",
+    )
+    p_migrate.set_defaults(func=migrate)
 
     p_keys = commands.add_parser("keys", help="manage API keys")
     key_commands = p_keys.add_subparsers(dest="keys_command", required=True)
@@ -256,11 +347,43 @@ def main(argv: list[str] | None = None) -> int:
     p_revoke.add_argument("key")
     p_keys.set_defaults(func=keys)
 
+    p_probe = commands.add_parser(
+        "probe", help="exit 0 if the local server is ready (the container healthcheck)"
+    )
+    p_probe.add_argument(
+        "probe", nargs="?", choices=["ready", "health"], default="ready"
+    )
+    p_probe.add_argument("--url", help="default: HOST and PORT on this machine")
+    p_probe.add_argument("--timeout", type=float, default=2.0)
+    p_probe.set_defaults(func=probe)
+
+    p_tail = commands.add_parser(
+        "tail", help="follow a session's messages as they stream"
+    )
+    p_tail.add_argument("session_id", help="session_<32 hex>")
+    p_tail.add_argument(
+        "--url", help="the server (default: $EVERMIRROR_URL, else HOST and PORT here)"
+    )
+    p_tail.add_argument("--key", help="API key (default: $EVERMIRROR_API_KEY)")
+    p_tail.add_argument(
+        "--json", action="store_true", help="print one Mutation a line, as JSON"
+    )
+    p_tail.set_defaults(func=tail)
+
     p_openapi = commands.add_parser("openapi", help="write the OpenAPI document")
     p_openapi.add_argument("--output", default="openapi/openapi.json")
     p_openapi.set_defaults(func=openapi)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = get_settings()
+    except ValidationError as exc:
+        print(f"invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(settings.log_level, settings.log_format)
     code: int = args.func(args)
     return code
 

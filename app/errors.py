@@ -2,6 +2,7 @@
 
 import itertools
 import logging
+import re
 import uuid
 from collections.abc import Sequence
 from http import HTTPStatus
@@ -18,6 +19,8 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.ops import logs
 
 log = logging.getLogger("app.errors")
 
@@ -374,15 +377,33 @@ def is_transient_db_error(exc: BaseException) -> bool:
 # restarts, and far cheaper than a uuid4 per request.
 _REQUEST_ID_PREFIX = uuid.uuid4().hex[:16]
 _request_counter = itertools.count(1)
+# An incoming X-Request-Id is kept when it is 1 to 128 printable ASCII characters (it
+# is echoed in a header and written to logs); anything else gets one of ours.
+_INCOMING_REQUEST_ID = re.compile(rb"[\x20-\x7e]{1,128}")
+_SESSION_IN_PATH = re.compile(r"/sessions/(session_[0-9a-f]{32})(?:/|\Z)")
 
 
 def next_request_id() -> str:
     return f"{_REQUEST_ID_PREFIX}{next(_request_counter):016x}"
 
 
+def incoming_request_id(value: bytes) -> bytes | None:
+    """The caller's X-Request-Id if it may be kept, else None."""
+    return value if _INCOMING_REQUEST_ID.fullmatch(value) else None
+
+
+def session_in_path(path: str) -> str | None:
+    """The session a request's path names (`/v1/sessions/session_<hex>/...`), for logs."""
+    match = _SESSION_IN_PATH.search(path)
+    return match.group(1) if match else None
+
+
 class RequestContextMiddleware:
-    """Gives every request an id (echoed as X-Request-Id) and turns escaped exceptions
-    into problem+json: 503 with Retry-After for a database that is unavailable, else 500."""
+    """Gives every request an id, the caller's X-Request-Id if it is valid (else a new
+    one), echoed as X-Request-Id and set, with the session of the path, as the context
+    of every log line of the request (uvicorn's access line included); and turns
+    escaped exceptions into problem+json: 503 with Retry-After for a database that is
+    unavailable, else 500."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -391,10 +412,21 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = next_request_id()
+        header_value: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                header_value = incoming_request_id(value)
+                break
+        if header_value is None:
+            request_id = next_request_id()
+            header_value = request_id.encode()
+        else:
+            request_id = header_value.decode("ascii")
         scope.setdefault("state", {})["request_id"] = request_id
+        request_token = logs.REQUEST_ID.set(request_id)
+        session_token = logs.SESSION_ID.set(session_in_path(scope["path"]))
         started = False
-        header = (b"x-request-id", request_id.encode())
+        header = (b"x-request-id", header_value)
 
         async def send_with_id(message: Message) -> None:
             nonlocal started
@@ -410,6 +442,11 @@ class RequestContextMiddleware:
                 log_failure(request_id, scope, exc)
                 raise
             await failure_response(request_id, scope, exc)(scope, receive, send_with_id)
+        finally:
+            # uvicorn runs each request in a task of its own, whose context ends with
+            # it; an in-process caller (tests) runs them all in its own task.
+            logs.SESSION_ID.reset(session_token)
+            logs.REQUEST_ID.reset(request_token)
 
 
 def log_failure(request_id: str, scope: Scope, exc: Exception) -> None:
@@ -419,6 +456,10 @@ def log_failure(request_id: str, scope: Scope, exc: Exception) -> None:
         scope.get("method"),
         scope.get("path"),
         exc_info=not is_transient_db_error(exc),
+        extra={
+            "request_id": request_id,
+            "session_id": session_in_path(scope.get("path") or ""),
+        },
     )
 
 

@@ -233,15 +233,19 @@ class RateLimiter:
         )
 
 
+# Probes: an orchestrator polling them must never be refused.
+UNLIMITED_PATHS = frozenset({"/health", "/ready"})
+
+
 class RateLimitMiddleware:
-    """Applies the RateLimiter to every request but `/health`."""
+    """Applies the RateLimiter to every request but the probes (UNLIMITED_PATHS)."""
 
     def __init__(self, app: ASGIApp, limiter: RateLimiter) -> None:
         self.app = app
         self.limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") == "/health":
+        if scope["type"] != "http" or scope.get("path") in UNLIMITED_PATHS:
             await self.app(scope, receive, send)
             return
         refusal = await self.limiter.refusal(scope)

@@ -10,7 +10,10 @@ known (open mode or a cached key), no CORS to apply. Anything else, and any sess
 this process cannot find, goes on to FastAPI, which answers it (errors included)
 exactly as the OpenAPI contract says. Both paths run the same service functions, so
 they answer the same bytes; what this path does itself is what the middleware would:
-an `X-Request-Id`, the rate limit, and problem+json for a failure.
+an `X-Request-Id` (the caller's, if valid), the rate limit, and problem+json for a
+failure. It sets the request and session ids as the context of log lines only while
+uvicorn writes access lines (`tag_logs`): otherwise nothing here logs but a failure,
+which names its request itself.
 """
 
 import re
@@ -22,12 +25,19 @@ from urllib.parse import parse_qsl
 from starlette.types import Receive, Scope, Send
 
 from app.auth import Caller
-from app.errors import AppError, NotFound, failure_response, next_request_id
+from app.errors import (
+    AppError,
+    NotFound,
+    failure_response,
+    incoming_request_id,
+    next_request_id,
+)
 from app.guards import RateLimiter
 from app.live import service as live_service
 from app.live.response import EventStreamResponse
 from app.messages import service
 from app.metrics import Metrics
+from app.ops import logs
 from app.schemas import MAX_INT32
 
 if TYPE_CHECKING:
@@ -96,6 +106,12 @@ class Hot:
                 self.route, "GET", status, time.perf_counter() - self.start
             )
 
+    def adopt(self, value: bytes) -> None:
+        """Answer with the caller's X-Request-Id, if it may be kept."""
+        if incoming_request_id(value) is not None:
+            self.id = value.decode("ascii")
+            self.id_header = (b"x-request-id", value)
+
     async def send(
         self, send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> None:
@@ -112,11 +128,17 @@ class Hot:
 
 class HotRoutes:
     def __init__(
-        self, limiter: RateLimiter | None, cors: bool, metrics: Metrics | None = None
+        self,
+        limiter: RateLimiter | None,
+        cors: bool,
+        tag_logs: bool = False,
+        metrics: Metrics | None = None,
     ) -> None:
         self.limiter = limiter
         self.cors = cors
         self.metrics = metrics
+        # Whether log lines (uvicorn's access lines) should carry the request id.
+        self.tag_logs = tag_logs
         # Set once the application has started (its lifespan builds the state).
         self.state: AppState | None = None
         # Parsed page queries by their raw bytes: pollers repeat the same few query
@@ -172,6 +194,12 @@ class HotRoutes:
                 if_none_match = value.decode("latin-1")
             elif name == b"last-event-id":
                 last_event_id = value.decode("latin-1")
+            elif name == b"x-request-id":
+                request.adopt(value)
+        if self.tag_logs:
+            # The request's own task: the context ends with it.
+            logs.REQUEST_ID.set(request.id)
+            logs.SESSION_ID.set(parts[3])
         caller = state.keys.cached(authorization)
         if caller is None:
             return False

@@ -5,11 +5,13 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from pydantic import BaseModel
 from starlette.types import Message, Receive, Scope, Send
 
 from app import __doc__ as app_doc
@@ -19,10 +21,13 @@ from app.db.migrate import upgrade
 from app.db.reads import create_reads
 from app.db.session import Database
 from app.errors import (
+    PROBLEM_JSON,
     ProblemCORSMiddleware,
+    ProblemDetails,
     RequestContextMiddleware,
     drop_framework_422,
     install_error_handlers,
+    problem_response,
 )
 from app.events.router import router as events_router
 from app.guards import BodyGuardMiddleware, RateLimiter, RateLimitMiddleware
@@ -40,6 +45,8 @@ from app.metrics import (
     answer as answer_metrics,
     serve_port as serve_metrics_port,
 )
+from app.ops import logs
+from app.ops.ready import readiness
 from app.runner.runner import TurnRunner
 from app.schemas import JSON_VALUE_SCHEMA
 from app.sessions.router import router as sessions_router
@@ -60,6 +67,22 @@ def api_router() -> APIRouter:
 
 def operation_id(route: APIRoute) -> str:
     return route.name
+
+
+class Ready(BaseModel):
+    status: Literal["ready"] = "ready"
+    checks: dict[str, str]
+
+
+NOT_READY: dict[int | str, dict[str, Any]] = {
+    503: {
+        "model": ProblemDetails,
+        "description": "Not ready: `checks` says which check failed and why",
+        "content": {
+            PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}
+        },
+    }
+}
 
 
 class Service(FastAPI):
@@ -150,7 +173,12 @@ def create_app(settings: Settings | None = None) -> Service:
     settings = settings or get_settings()
     limiter = RateLimiter.from_settings(settings)
     metrics = Metrics() if settings.metrics_enabled else None
-    hot = HotRoutes(limiter, cors=bool(settings.cors_origins), metrics=metrics)
+    hot = HotRoutes(
+        limiter,
+        cors=bool(settings.cors_origins),
+        tag_logs=logs.access_logged(),
+        metrics=metrics,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -286,5 +314,18 @@ def create_app(settings: Settings | None = None) -> Service:
         `LISTEN` connection up, or the in-process bus)."""
         bus = request.app.state.app.bus
         return {"status": "ok", "bus": "connected" if bus.healthy else "reconnecting"}
+
+    @app.get("/ready", tags=["health"], response_model=Ready, responses=NOT_READY)
+    async def ready(request: Request) -> Ready | Response:
+        """Readiness: the database answers, its schema is at this release's migration
+        head, and the bus listens. `503` problem+json (`code: not_ready`, with
+        `checks`) otherwise. Like `/health`, it needs no API key and is never rate
+        limited."""
+        report = await readiness(request.app.state.app)
+        if report.ready:
+            return Ready(checks=report.checks)
+        return problem_response(
+            503, detail=report.detail, code="not_ready", extra={"checks": report.checks}
+        )
 
     return app

@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     # (same host) when METRICS_PORT is set; METRICS_ENABLED=false turns them off.
     metrics_enabled: bool = True
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    # `json`: one JSON object a line; `text`: for people. Unset: text when stderr is a
+    # terminal, JSON otherwise (app/ops/logs.py).
+    log_format: Literal["json", "text"] | None = None
 
     # PostgreSQL pool; SQLite ignores these.
     db_pool_size: int = 10

@@ -1,16 +1,20 @@
-"""Dialect-specific helpers: a JSON text lookup in SQL, and runner leases (one runner
-per session across processes)."""
+"""Dialect-specific helpers: a JSON text lookup in SQL, a lock serializing one
+check-then-write among processes, and runner leases (one runner per session across
+processes)."""
 
 import asyncio
 import contextlib
 import enum
+import hashlib
 import logging
 import time
 import uuid
 from typing import Any
 
 import asyncpg
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
@@ -54,6 +58,17 @@ def _json_text_sqlite(element: json_text, compiler: SQLCompiler, **kw: Any) -> s
     document = compiler.process(element.clauses, **kw)
     path = compiler.render_literal_value("$." + ".".join(element.path), Text())
     return f"json_extract({document}, {path})"
+
+
+async def lock_for_transaction(conn: AsyncConnection, name: str) -> None:
+    """Hold the lock `name` until the transaction ends, so that processes doing the
+    same check-then-write (is there a key yet? create one) take turns. PostgreSQL: a
+    transaction-level advisory lock. SQLite: nothing to do, a write transaction begins
+    with `BEGIN IMMEDIATE`, which holds the database's only write lock."""
+    if conn.dialect.name != "postgresql":
+        return
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
 
 
 def lease_key(session_id: uuid.UUID) -> int:

@@ -34,6 +34,7 @@ from app.live.items import (
     TextDelta,
     Wakeup,
 )
+from app.ops import logs
 
 log = logging.getLogger("app.live.fanout")
 
@@ -405,6 +406,9 @@ class Fanout:
     # ---- per-session reads ---------------------------------------------------------
 
     async def _pump(self, channel: Channel) -> None:
+        # Created inside the request of the channel's first stream: its log lines are
+        # the session's, not that request's.
+        logs.REQUEST_ID.set(None)
         while True:
             item = await channel.inbox.get()
             if isinstance(item, Wakeup):

@@ -9,17 +9,25 @@ generator is closed (releasing its subscription and slot), and it returns.
 The response releases the stream's slot itself too, as it ends: a generator closed
 before it ever ran (the client left before the first frame) runs none of its own
 cleanup, and its slot would otherwise wait for the garbage collector.
+
+A client dropped for not reading is one INFO line: it is expected (it resumes from its
+cursor when it reads again), and nothing failed.
 """
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from app.errors import session_in_path
 from app.live.fanout import Fanout, StreamWriter
+from app.ops import logs
+
+log = logging.getLogger("app.live.response")
 
 HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -99,6 +107,8 @@ class EventStreamResponse(Response):
             # Ours: the client left, or stopped reading. Nothing more can be sent.
             if task is not None:
                 task.uncancel()
+            if writer.stuck and not gone:
+                self._dropped(scope)
             return
         finally:
             self.fanout.writers.discard(writer)
@@ -107,3 +117,21 @@ class EventStreamResponse(Response):
                 with contextlib.suppress(Exception):
                     await stream.aclose()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _dropped(self, scope: Scope) -> None:
+        """The response ends unfinished: uvicorn closes the connection (after what its
+        buffers hold), which `ABANDONED` tells its error log is on purpose."""
+        logs.ABANDONED.set(True)
+        request_id = next(
+            (v.decode() for k, v in self.raw_headers if k == b"x-request-id"),
+            scope.get("state", {}).get("request_id"),
+        )
+        log.info(
+            "dropped a slow consumer: one write waited over %g s; it resumes from its "
+            "cursor when it reads again",
+            self.fanout.send_timeout_seconds,
+            extra={
+                "request_id": request_id,
+                "session_id": session_in_path(scope.get("path", "")),
+            },
+        )

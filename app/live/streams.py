@@ -3,6 +3,7 @@ connection while they wait: every read is a short unit of work of its own. They 
 on their subscription alone: heartbeats and the end of a connection cycle arrive in it
 as markers from the fan-out's process timer."""
 
+import logging
 import random
 import time
 import uuid
@@ -14,6 +15,7 @@ from sqlalchemy import select
 from app.db import models
 from app.db.session import Database
 from app.events import service as events_service
+from app.ids import format_id
 from app.live import frames
 from app.live.fanout import (
     CYCLE,
@@ -29,6 +31,17 @@ from app.live.fanout import (
 )
 
 REPLAY_PAGE = 500
+
+log = logging.getLogger("app.live.streams")
+
+
+def _overflowed(session_id: uuid.UUID, limit: int) -> None:
+    # Expected, and handled: the client resumes from its cursor. One INFO line.
+    log.info(
+        "dropped a slow consumer: it fell %d items behind; it resumes from its cursor",
+        limit,
+        extra={"session_id": format_id("session", session_id)},
+    )
 
 
 @dataclass
@@ -91,6 +104,7 @@ async def upstream_events(
             item = await sub.next()
             if item is None:
                 if sub.overflowed:
+                    _overflowed(session_id, sub.limit)
                     yield frames.disconnecting("error", config.retry_ms)
                 return
             # Deltas first: nearly every item of a streaming turn is one.
@@ -205,6 +219,7 @@ async def message_mutations(
             item = await sub.next()
             if item is None:
                 if sub.overflowed:
+                    _overflowed(session_id, sub.limit)
                     yield frames.reset("slow_consumer")
                 return
             # Deltas first: nearly every item of a streaming turn is one.

@@ -43,6 +43,7 @@ from app.live.items import (
 )
 from app.messages import checkpoint
 from app.metrics import Metrics
+from app.ops import logs
 from app.runner.drivers import (
     Annotations,
     ModelError,
@@ -246,6 +247,10 @@ class TurnRunner:
         self.tasks[session_id] = task
 
     async def _run_session(self, session_id: uuid.UUID) -> None:
+        # The task may have been created inside the request that kicked it: its log
+        # lines are the session's and its turns', not that request's.
+        logs.REQUEST_ID.set(None)
+        logs.SESSION_ID.set(format_id("session", session_id))
         try:
             acquired = False
             # Another process may be finishing this session's previous turn; it re-checks
@@ -473,10 +478,13 @@ class TurnRunner:
         that it did not see, or until `max_iterations` steps. The runner holds the
         streaming message between checkpoints: it is its only writer while the turn
         runs (each checkpoint is fenced, see `_checkpoint`, and the message update
-        checks the revision)."""
+        checks the revision). Returns how it ended: completed, cancelled or failed."""
+        logs.TURN_ID.set(format_id("turn", turn_id))
         watch = self.watches[session_id] = asyncio.Event()
         turn = TurnProgress(session_id, turn_id, time.monotonic())
         tool_results: list[dict[str, Any]] = []
+        # How the turn ended here, for its log line (left to recovery unless set).
+        outcome = "interrupted"
         try:
             while True:
                 turn.iteration += 1
@@ -511,7 +519,8 @@ class TurnRunner:
                 self.live.pop(step.message_id, None)
                 await self.bus.publish(StepEnded(session_id, step.message_id))
                 if turn.message.state == "done":
-                    return "completed"
+                    outcome = "completed"
+                    return outcome
                 tool_results = []
                 for call in tool_calls:
                     turn.tool_count += 1
@@ -522,8 +531,10 @@ class TurnRunner:
                     await self._checkpoint(
                         session_id, turn_id, functools.partial(self._write_cap, turn)
                     )
-                    return "completed"
+                    outcome = "completed"
+                    return outcome
         except TurnCancelled:
+            outcome = "cancelled"
             await self._end_with_error(
                 session_id,
                 turn_id,
@@ -538,8 +549,8 @@ class TurnRunner:
                     turn_id=turn_id,
                 ),
             )
-            return "cancelled"
         except ModelError as exc:
+            outcome = "failed"
             await self._end_with_error(
                 session_id,
                 turn_id,
@@ -555,12 +566,14 @@ class TurnRunner:
                     turn_id=turn_id,
                 ),
             )
-            return "failed"
-        except (asyncio.CancelledError, LeaseLost):
+        except (asyncio.CancelledError, LeaseLost) as exc:
             # Shutting down: leave the turn for start-up recovery (or another node).
             # Or the turn is not this process's any more: write nothing.
+            if isinstance(exc, LeaseLost):
+                outcome = "taken over"
             raise
         except Exception as exc:
+            outcome = "failed"
             log.exception("turn %s failed", turn_id)
             await self._end_with_error(
                 session_id,
@@ -577,12 +590,18 @@ class TurnRunner:
                     turn_id=turn_id,
                 ),
             )
-            return "failed"
         finally:
             if self.watches.get(session_id) is watch:
                 del self.watches[session_id]
             if turn.message is not None:
                 self.live.pop(turn.message.id, None)
+            log.info(
+                "turn %s after %d step(s) in %.0f ms",
+                outcome,
+                turn.iteration,
+                (time.monotonic() - turn.started) * 1000,
+            )
+        return outcome
 
     async def _write_open(
         self, turn: TurnProgress, db: Write, session: LockedSession

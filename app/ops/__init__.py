@@ -1,0 +1,1 @@
+"""Operating the service: logs, and what probes and operators read."""
