@@ -168,13 +168,24 @@ def create_app(settings: Settings | None = None) -> Service:
             ProblemCORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "PATCH", "DELETE", "OPTIONS"],
+            # What the API reads: credentials, the org of a bearer token, the body's
+            # type, a stream's resume cursor and a conditional page read.
             allow_headers=[
                 "Authorization",
                 "Content-Type",
+                "If-None-Match",
                 "Last-Event-ID",
                 "X-Org-Id",
             ],
-            expose_headers=["X-Total-Count", "Location", "X-Request-Id", "Retry-After"],
+            # Without these a cross-origin page cannot read a page's ETag (to send it
+            # back in If-None-Match), a list's count, or how long to back off.
+            expose_headers=[
+                "ETag",
+                "X-Total-Count",
+                "Location",
+                "X-Request-Id",
+                "Retry-After",
+            ],
             max_age=600,
         )
     app.add_middleware(RequestContextMiddleware)
