@@ -16,6 +16,7 @@ from app.conditional import IfNoneMatchStarMiddleware
 from app.db.migrate import upgrade
 from app.db.reads import create_reads
 from app.db.session import Database
+from app.docs import install_docs
 from app.errors import (
     ProblemCORSMiddleware,
     RequestContextMiddleware,
@@ -154,6 +155,9 @@ def create_app(settings: Settings | None = None) -> Service:
         # `/v1/sessions/` is a problem+json 404 that names the route without the
         # slash, not a 307: a redirect makes clients resend bodies and credentials.
         redirect_slashes=False,
+        # Served from the package's own assets instead (app/docs.py).
+        docs_url=None,
+        redoc_url=None,
     )
     install_error_handlers(app)
     app.hot = hot
@@ -203,6 +207,7 @@ def create_app(settings: Settings | None = None) -> Service:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    install_docs(app)
 
     @app.get("/health", tags=["health"])
     async def health(request: Request) -> dict[str, str]:
