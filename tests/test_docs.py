@@ -42,8 +42,12 @@ async def test_docs_pages_reference_only_local_assets(
         assert expected <= references(html), (path, references(html))
         for url in references(html):
             assert url.startswith("/") and not url.startswith("//"), (path, url)
-        # No CDN, no web fonts: nothing in the page names another host.
+        # No CDN, no web fonts: nothing in the page names another host, and the
+        # browser is told to load nothing from one.
         assert "http://" not in html and "https://" not in html, (path, html)
+        policy = response.headers["content-security-policy"]
+        assert "default-src 'self'" in policy
+        assert "img-src 'self' data:" in policy
     redoc = (await client.get("/redoc")).text
     assert 'spec-url="/openapi.json"' in redoc
 
