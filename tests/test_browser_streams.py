@@ -238,6 +238,7 @@ async def test_a_stream_trims_a_delta_it_partly_sent_by_utf16_units(
         release=lambda: None,
     )
     try:
+        assert await asyncio.wait_for(anext(stream), 5) == b"retry: 100\n\n"
         first = await asyncio.wait_for(anext(stream), 5)
         assert first.startswith(b"event: part\n"), first
         (sub,) = state.fanout.channels[session_id].subscribers

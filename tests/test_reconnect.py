@@ -512,7 +512,9 @@ async def test_checkpoint_committed_after_subscribing_is_delivered(
         limit = pool.size() + pool._max_overflow
         while pool.checkedout() < limit:
             held.append(await state.database.reader.connect())
-        # Subscribe: the stream registers, then waits for a connection.
+        # Subscribe: the stream registers and says so (its `retry:` comes before any
+        # read), then waits for a connection.
+        assert await asyncio.wait_for(anext(stream), 3) == b"retry: 100\n\n"
         first = asyncio.create_task(anext(stream))
         await wait_until(
             lambda: state.fanout.count(session_uuid) > 0,

@@ -32,8 +32,8 @@ def frame(
 def retry(retry_ms: int) -> bytes:
     """A block with only `retry:`: it sets an EventSource's reconnection time and
     dispatches no event (no `data:`). The Mutation stream opens with it, so a browser
-    that loses the connection before any frame still reconnects in `retry_ms`, not in its
-    default 3 s."""
+    that loses the connection before any other frame still reconnects in `retry_ms`,
+    not in its default 3 s."""
     return f"retry: {retry_ms}\n\n".encode()
 
 

@@ -42,7 +42,6 @@ class EventStreamResponse(Response):
         status_code: int = 200,
         *,
         release: Callable[[], None] = lambda: None,
-        preamble: bytes = b"",
     ) -> None:
         # No Response.__init__: a stream has no body and so no Content-Length.
         # (`status_code` is here for FastAPI, which reads its default for the OpenAPI.)
@@ -53,9 +52,6 @@ class EventStreamResponse(Response):
         self.raw_headers = list(HEADERS)
         # Frees the stream's connection slot; idempotent (the generator calls it too).
         self.release = release
-        # Bytes written right after the headers, before the stream's first step (which
-        # may wait for the database): the Mutation stream's `retry:`.
-        self.preamble = preamble
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -91,14 +87,6 @@ class EventStreamResponse(Response):
         self.fanout.writers.add(writer)
         stream = self.stream
         try:
-            if self.preamble:
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": self.preamble,
-                        "more_body": True,
-                    }
-                )
             async for chunk in stream:
                 writer.send_started = time.monotonic()
                 await send(

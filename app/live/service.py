@@ -135,5 +135,4 @@ async def open_mutations(
         ),
         state.fanout,
         release=slot.release,
-        preamble=frames.retry(state.settings.sse_retry_ms),
     )

@@ -176,12 +176,14 @@ async def message_mutations(
 ) -> AsyncIterator[bytes]:
     """The Mutation stream: `message` snapshots with cursor ids, `part`/`delta` of the
     live projection, `reset` when the cursor cannot be honoured, and `disconnecting`
-    before every close the server decides, as on `/sse`. Revoking `key_hash` ends it.
-    (Its opening `retry:` is the response's preamble, sent before this runs.)"""
+    before every close the server decides, as on `/sse`. Revoking `key_hash` ends it."""
     sub = fanout.subscribe(session_id, key_hash)
     # UTF-16 code units of each live part this client has been sent, to trim overlaps.
     sent: dict[str, int] = {}
     try:
+        # First, before any read: the reconnection time, and the sign that the stream
+        # is subscribed (whatever commits from now on reaches it).
+        yield frames.retry(config.retry_ms)
         async with database.read() as db:
             last = (
                 await db.scalar(
