@@ -20,6 +20,7 @@ from app.conditional import IfNoneMatchStarMiddleware
 from app.db.migrate import upgrade
 from app.db.reads import create_reads
 from app.db.session import Database
+from app.docs import install_docs
 from app.errors import (
     PROBLEM_JSON,
     ProblemCORSMiddleware,
@@ -267,6 +268,9 @@ def create_app(settings: Settings | None = None) -> Service:
         # `/v1/sessions/` is a problem+json 404 that names the route without the
         # slash, not a 307: a redirect makes clients resend bodies and credentials.
         redirect_slashes=False,
+        # Served from the package's own assets instead (app/docs.py).
+        docs_url=None,
+        redoc_url=None,
     )
     install_error_handlers(app)
     app.hot = hot
@@ -283,13 +287,24 @@ def create_app(settings: Settings | None = None) -> Service:
             ProblemCORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "PATCH", "DELETE", "OPTIONS"],
+            # What the API reads: credentials, the org of a bearer token, the body's
+            # type, a stream's resume cursor and a conditional page read.
             allow_headers=[
                 "Authorization",
                 "Content-Type",
+                "If-None-Match",
                 "Last-Event-ID",
                 "X-Org-Id",
             ],
-            expose_headers=["X-Total-Count", "Location", "X-Request-Id", "Retry-After"],
+            # Without these a cross-origin page cannot read a page's ETag (to send it
+            # back in If-None-Match), a list's count, or how long to back off.
+            expose_headers=[
+                "ETag",
+                "X-Total-Count",
+                "Location",
+                "X-Request-Id",
+                "Retry-After",
+            ],
             max_age=600,
         )
     app.add_middleware(RequestContextMiddleware)
@@ -307,6 +322,7 @@ def create_app(settings: Settings | None = None) -> Service:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    install_docs(app)
 
     @app.get("/health", tags=["health"])
     async def health(request: Request) -> dict[str, str]:

@@ -139,6 +139,9 @@ class Subscriber(asyncio.Protocol):
             if not frame or frame[0] == 58:  # ":" a comment (heartbeat, ping)
                 continue
             if not self.ready:
+                # The Mutation stream's opening `retry:` block is not the warm-up frame.
+                if frame.startswith(b"retry:"):
+                    continue
                 self.ready = True
                 self.worker.on_ready()
             if MARKER in frame and (

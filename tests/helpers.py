@@ -58,6 +58,25 @@ TOOL_TURN_EVENTS = [
 
 # ---- bodies, headers and ids ----------------------------------------------------------
 
+# Text whose length in UTF-16 code units (the unit of stream offsets, JavaScript's
+# `String.length`) differs from its code point count in every way a browser meets: an
+# emoji (one astral code point, two units), a ZWJ family (seven code points, eleven
+# units, one glyph), a flag (two regional indicators), a combining mark (two code
+# points, one glyph, no astral), CJK (one unit each), an emoji with a variation
+# selector, and mathematical letters (astral). The scripted model echoes it word by
+# word, one delta a word.
+ASTRAL_TEXT = (
+    "hi \U0001f600 then \U0001f469\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466 family "
+    "\U0001f1fa\U0001f1e6 flag e\u0301 combining \u6f22\u5b57 CJK \u2764\ufe0f heart "
+    "\U0001d518\U0001d52b\U0001d526\U0001d520\U0001d52c\U0001d521\U0001d522 done"
+)
+
+
+def utf16_units(text: str) -> int:
+    """What JavaScript's `String.length` is for `text` (measured independently of the
+    server's own helper)."""
+    return len(text.encode("utf-16-le")) // 2
+
 
 def text_body(text: str = "hello", **extra: Any) -> dict[str, Any]:
     """A message request body with one text part; `extra` are top-level fields."""

@@ -255,13 +255,14 @@ async def open_stream(
 async def session_streams(
     client: httpx.AsyncClient, session_id: str
 ) -> AsyncIterator[tuple[SSEStream, SSEStream]]:
-    """Both streams of a session, open together: upstream's `/sse`, its `connected`
-    frame read, and the Mutation stream."""
+    """Both streams of a session, open together and subscribed: upstream's `/sse`, its
+    `connected` frame read, and the Mutation stream, its opening `retry:` read."""
     async with (
         open_stream(client, f"/v1/sessions/{session_id}/sse") as sse,
         open_stream(client, f"/v1/sessions/{session_id}/messages/stream") as mutations,
     ):
         await expect_connected(sse)
+        await expect_subscribed(mutations)
         yield sse, mutations
 
 
@@ -315,6 +316,15 @@ async def expect_connected(stream: SSEStream, within: float = 5.0) -> Frame:
     first = await stream.next(within)
     assert first is not None
     assert first.event == "connected"
+    return first
+
+
+async def expect_subscribed(stream: SSEStream, within: float = 5.0) -> Frame:
+    """The first frame of the Mutation stream: a block with `retry:` only, sent once the
+    stream is subscribed (whatever commits from then on reaches it)."""
+    first = await stream.next(within)
+    assert first is not None
+    assert first.is_comment and first.retry is not None and not first.comments, first
     return first
 
 

@@ -36,7 +36,7 @@ DISALLOWED = [
     "https://app.example:8443",
     "null",
 ]
-EXPOSED = {"x-total-count", "location", "x-request-id"}
+EXPOSED = {"etag", "x-total-count", "location", "x-request-id", "retry-after"}
 REQUEST_ID = re.compile(r"[0-9a-f]{32}")
 
 
@@ -92,6 +92,17 @@ async def test_preflight_from_allowed_origin_is_allowed(
         ("POST", f"/v1/sessions/{sid}/cancel", "authorization"),
         ("GET", f"/v1/sessions/{sid}/sse", "authorization, last-event-id"),
         ("GET", f"/v1/sessions/{sid}/messages/stream", "authorization, last-event-id"),
+        # A conditional page read, by a bearer token that names its organization.
+        (
+            "GET",
+            f"/v1/sessions/{sid}/messages",
+            "authorization, if-none-match, x-org-id",
+        ),
+        (
+            "GET",
+            f"/v1/sessions/{sid}/messages/stream",
+            "Authorization,Content-Type,If-None-Match,Last-Event-ID,X-Org-Id",
+        ),
     ]
     for method, url, requested in cases:
         response = await cors_client.options(
@@ -160,6 +171,33 @@ async def test_simple_responses_expose_the_headers_clients_read(
         f"/v1/sessions/{sid}/events", params={"limit": 10}, headers=headers
     )
     assert "x-total-count" in events.headers
+
+
+async def test_a_cross_origin_page_revalidates_with_its_etag(
+    cors_client: httpx.AsyncClient,
+) -> None:
+    """A browser page reads the messages page's ETag (exposed) and sends it back in
+    If-None-Match (allowed by the preflight): the 304 carries the CORS headers too, or
+    the browser would hide it from the page."""
+    sid = await create_session(cors_client, "etag")
+    url = f"/v1/sessions/{sid}/messages"
+    first = await cors_client.get(url, headers={"Origin": ORIGIN})
+    assert first.status_code == 200, first.text
+    assert first.headers["access-control-allow-origin"] == ORIGIN
+    assert "etag" in header_set(first, "access-control-expose-headers")
+    etag = first.headers["etag"]
+    preflight = await cors_client.options(
+        url, headers=preflight_headers(ORIGIN, "GET", "if-none-match")
+    )
+    assert preflight.status_code == 200, preflight.text
+    assert "if-none-match" in header_set(preflight, "access-control-allow-headers")
+    again = await cors_client.get(
+        url, headers={"Origin": ORIGIN, "If-None-Match": etag}
+    )
+    assert again.status_code == 304
+    assert again.headers["etag"] == etag
+    assert again.headers["access-control-allow-origin"] == ORIGIN
+    assert "etag" in header_set(again, "access-control-expose-headers")
 
 
 async def test_error_responses_carry_cors_headers(
@@ -261,13 +299,15 @@ async def test_default_settings_send_no_cors_headers(running: Running) -> None:
 async def stream_first_frame(
     client: httpx.AsyncClient, url: str, origin: str, params: dict[str, Any]
 ) -> tuple[httpx.Response, Frame]:
-    """Open a stream, read its first frame (an event, or comment lines) within 10 s,
-    and close it."""
+    """Open a stream, read its first event within 10 s, and close it."""
     async with open_stream(
         client, url, params=params, headers={"Origin": origin}
     ) as stream:
         assert stream.status_code == 200, stream.response.text
         frame = await stream.next(10)
+        # The Mutation stream opens with a `retry:` block, which is no event.
+        while frame is not None and frame.is_comment:
+            frame = await stream.next(10)
     assert frame is not None, "the stream ended before its first frame"
     return stream.response, frame
 

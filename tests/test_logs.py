@@ -29,7 +29,7 @@ from tests.helpers import (
     wait_idle,
     wait_until,
 )
-from tests.sse_client import open_stream
+from tests.sse_client import expect_subscribed, open_stream
 
 GENERATED = re.compile(r"[0-9a-f]{32}")
 ORIGIN = "https://app.example"
@@ -245,6 +245,7 @@ async def test_a_dropped_slow_consumer_is_one_info_line(
             # The server still serves, streams included.
             async with open_stream(client, path, params={"after": "0"}) as stream:
                 assert stream.status_code == 200
+                await expect_subscribed(stream)
                 frame = await stream.next(10)
                 assert frame is not None and frame.event == "message"
     finally:

@@ -26,11 +26,13 @@ from app.sessions import service as sessions_service
 from app.settings import Settings
 from tests.conftest import Running, Server
 from tests.helpers import (
+    ASTRAL_TEXT,
     api_fixture,
     create_session,
     list_messages,
     live_server_fixture,
     post_message,
+    utf16_units,
     uuid_of,
     wait_idle,
     wait_until,
@@ -43,7 +45,9 @@ from tests.sse_client import (
     open_stream,
 )
 
-SCENARIOS = ["/scenario long 40", "/scenario tool"]
+# The astral text is echoed one delta a word: offsets in UTF-16 code units, as a
+# browser counts them.
+SCENARIOS = ["/scenario long 40", "/scenario tool", ASTRAL_TEXT]
 
 
 # One server per lane for the module, streaming a chunk every 10 ms so random
@@ -133,6 +137,8 @@ class SeedClient:
             self._delta(body)
         elif frame.event == "reset":
             raise ResetRequested(body.get("reason", ""))
+        elif frame.event == "disconnecting":
+            pass  # the server closes the stream next; the client reconnects
         else:
             raise AssertionError(f"unexpected frame on the Mutation stream: {frame}")
 
@@ -162,10 +168,12 @@ class SeedClient:
         if part is None:
             return
         text = part.get("text", "")
-        if body["offset"] == len(text):
+        # Offsets count UTF-16 code units (what a browser's String.length counts).
+        length = utf16_units(text)
+        if body["offset"] == length:
             part["text"] = text + body["text"]
             self.applied += 1
-        elif body["offset"] < len(text):
+        elif body["offset"] < length:
             # A continuous stream never repeats text it already sent for a part.
             self.overlaps.append(body)
         else:
@@ -372,6 +380,9 @@ def test_seed_client_converges_despite_random_disconnects(
             "/scenario tool",
             [Stop("deltas", 2), Stop("frames", 3, 5), Stop("sleep", 60)],
         ),
+        # Dropped mid-text after astral characters: the live text it rendered is a
+        # prefix of the committed one, and every delta of a connection applies.
+        (ASTRAL_TEXT, [Stop("deltas", 3), Stop("deltas", 4, 5)]),
     ],
 )
 async def test_seed_client_converges_on_fixed_plans(
@@ -379,6 +390,9 @@ async def test_seed_client_converges_on_fixed_plans(
 ) -> None:
     client = await run_plan(api, scenario, "loaded", stops)
     assert client.applied > 0
+    # A continuous stream never leaves a gap: each delta starts where the client's
+    # text ends, counted as a browser counts it.
+    assert client.gaps == 0, client.log[-30:]
 
 
 async def test_late_joiner_gets_the_text_so_far_then_the_rest(
@@ -415,7 +429,7 @@ async def test_late_joiner_gets_the_text_so_far_then_the_rest(
         delta = frame.json()
         assert delta["message_id"] == part["message_id"]
         assert delta["part_id"] == part["part"]["part_id"]
-        assert delta["offset"] == len(text)
+        assert delta["offset"] == utf16_units(text)
         text += delta["text"]
     final = frames[-1].json()["message"]
     assert final["id"] == part["message_id"]
@@ -498,7 +512,9 @@ async def test_checkpoint_committed_after_subscribing_is_delivered(
         limit = pool.size() + pool._max_overflow
         while pool.checkedout() < limit:
             held.append(await state.database.reader.connect())
-        # Subscribe: the stream registers, then waits for a connection.
+        # Subscribe: the stream registers and says so (its `retry:` comes before any
+        # read), then waits for a connection.
+        assert await asyncio.wait_for(anext(stream), 3) == b"retry: 100\n\n"
         first = asyncio.create_task(anext(stream))
         await wait_until(
             lambda: state.fanout.count(session_uuid) > 0,

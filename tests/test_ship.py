@@ -313,6 +313,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     assert sorted(Path(n).name for n in versions) == sources
     distribution = "-".join(wheel.name.split("-")[:2])
     assert {n.split("/")[0] for n in names} == {"app", f"{distribution}.dist-info"}
+    # What /docs and /redoc serve offline (app/static) ships too.
+    static = {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "app" / "static").rglob("*")
+        if p.is_file()
+    }
+    assert static, "no static files"
+    assert static <= set(names), sorted(static - set(names))
     venv = root / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], timeout=120, env=build_env)
     bin_dir = venv / ("Scripts" if sys.platform == "win32" else "bin")

@@ -233,10 +233,13 @@ async def test_sse_heartbeats_and_connection_cycle(paced_server: Server) -> None
             assert stream.closed
             ended = time.monotonic()
     assert frames[0].event == "connected"
+    # `retry:` on the first frame and on the last: a quiet stream sends no other.
+    assert frames[0].retry == 100
     assert_paced(heartbeat_times(stream, frames, "heartbeat"))
     last = frames[-1]
     assert last.event == "disconnecting"
     assert last.id is None
+    assert last.retry == 100
     assert last.json() == {"reason": "connection_cycle", "retry_ms": 100}
     elapsed = last.received_at - stream.opened_at
     assert CYCLE * 0.8 - 0.1 <= elapsed <= CYCLE * 1.2 + 0.5, elapsed
@@ -251,13 +254,28 @@ async def test_mutation_stream_keepalive_and_cycle(paced_server: Server) -> None
         async with open_stream(api, f"/v1/sessions/{sid}/messages/stream") as stream:
             frames = await stream.drain(CYCLE * 1.2 + 3)
             ended = time.monotonic()
-    # A quiet Mutation stream carries keep-alive comments only, then ends at the cycle.
-    assert events(frames) == []
+    # A quiet Mutation stream opens with `retry:` alone (a block that is no event, so
+    # an EventSource dispatches nothing), carries keep-alive comments only, then cycles
+    # as `/sse` does: `disconnecting` with `retry:`, and the close right after it.
+    first = frames[0]
+    assert (first.retry, first.event, first.data, first.comments) == (
+        100,
+        None,
+        None,
+        [],
+    )
+    assert [f.event for f in events(frames)] == ["disconnecting"]
     comments = {text for f in frames for text in f.comments}
-    assert len(comments) == 1, comments
-    assert_paced(heartbeat_times(stream, frames, comments.pop()))
-    elapsed = ended - stream.opened_at
+    assert comments == {"ping"}, comments
+    assert_paced(heartbeat_times(stream, frames, "ping"))
+    last = frames[-1]
+    assert last.event == "disconnecting"
+    assert last.id is None
+    assert last.retry == 100
+    assert last.json() == {"reason": "connection_cycle", "retry_ms": 100}
+    elapsed = last.received_at - stream.opened_at
     assert CYCLE * 0.8 - 0.1 <= elapsed <= CYCLE * 1.2 + 0.5, elapsed
+    assert ended - last.received_at < 1.0
 
 
 # ---- streams hold no database connection while they wait -------------------------------

@@ -37,6 +37,7 @@ from app.live.items import (
     TextDelta,
     Wakeup,
 )
+from app.wire import utf16_len
 
 log = logging.getLogger("app.live.bus")
 
@@ -198,10 +199,13 @@ def split_payload(item: BusItem) -> list[bytes]:
     chunks: list[bytes] = []
     # A character encodes to at most 6 bytes of JSON (a \uXXXX escape).
     step = max(1, (MAX_NOTIFY_BYTES - 1000) // 6)
+    # Offsets count UTF-16 code units; the pieces are cut between code points.
+    offset = item.offset
     for index, start in enumerate(range(0, len(item.text), step)):
         piece = encode(item)
-        piece["t"] = item.text[start : start + step]
-        piece["o"] = item.offset + start
+        piece["t"] = text = item.text[start : start + step]
+        piece["o"] = offset
+        offset += utf16_len(text)
         if index:
             # Each piece is an event of its own on the upstream stream.
             piece["eid"] = format_id("event", uuid7())

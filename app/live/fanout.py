@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from app import wire
 from app.db import models
 from app.db.session import Database
 from app.events import service as events_service
@@ -63,6 +64,7 @@ class MessageOut:
 @dataclass(frozen=True, slots=True)
 class PartOut:
     part_id: str
+    # The UTF-16 length of the part's text so far: where its next delta starts.
     text_length: int
     frame: bytes
 
@@ -72,7 +74,7 @@ class DeltaOut:
     delta: TextDelta
     sse_frame: bytes
     mutation_frame: bytes
-    # Where the delta's text ends in its part.
+    # Where the delta's text ends in its part, in UTF-16 code units.
     end: int
 
 
@@ -202,6 +204,15 @@ class Projection:
     message_id: uuid.UUID
     revision: int
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The UTF-16 length of each part's text, kept per delta (not measured again).
+    units: dict[str, int] = field(default_factory=dict)
+
+
+def text_units(part: dict[str, Any]) -> int:
+    """The UTF-16 length of a live part's text; 0 for a part without text (a tool call)
+    or with the committed, structured form of a reasoning text."""
+    text = part.get("text")
+    return wire.utf16_len(text) if isinstance(text, str) else 0
 
 
 @dataclass(eq=False)
@@ -274,31 +285,36 @@ class Fanout:
             return None
         if isinstance(item, PartStarted):
             part = dict(item.part)
-            projection.parts[part["part_id"]] = part
+            part_id = part["part_id"]
+            projection.parts[part_id] = part
+            units = projection.units[part_id] = text_units(part)
             return PartOut(
-                part["part_id"],
-                len(part.get("text", "")),
+                part_id,
+                units,
                 frames.part_mutation(item.message_id, item.revision, part),
             )
         known_part = projection.parts.get(item.part_id)
-        known = len(known_part.get("text", "")) if known_part is not None else -1
+        known = projection.units[item.part_id] if known_part is not None else -1
         if known_part is None or item.offset > known:
             # We missed the start of this part (this process joined mid-stream): ask
             # its runner to republish its parts, and pass nothing on until then.
             self.on_missed_part(item.message_id)
             return None
         delta = item
+        length = wire.utf16_len(item.text)
         if item.offset < known:
             overlap = known - item.offset
-            if overlap >= len(item.text):
+            if overlap >= length:
                 return None
             delta = _trimmed(item, known)
+            length -= overlap
         known_part["text"] = known_part.get("text", "") + delta.text
+        end = projection.units[item.part_id] = delta.offset + length
         return DeltaOut(
             delta,
             frames.delta_event(delta, known_part["text"], self.retry_ms),
             frames.delta_mutation(delta, delta.offset, delta.text),
-            delta.offset + len(delta.text),
+            end,
         )
 
     def live_parts(
@@ -480,7 +496,7 @@ class Fanout:
 
 
 def _trimmed(delta: TextDelta, known: int) -> TextDelta:
-    """The part of `delta` past the `known` characters of its part."""
+    """The part of `delta` past the `known` UTF-16 code units of its part."""
     return TextDelta(
         delta.session_id,
         delta.message_id,
@@ -488,7 +504,7 @@ def _trimmed(delta: TextDelta, known: int) -> TextDelta:
         delta.turn_id,
         delta.part_id,
         known,
-        delta.text[known - delta.offset :],
+        wire.utf16_tail(delta.text, known - delta.offset),
         delta.event_type,
         delta.event_id,
         delta.ts,

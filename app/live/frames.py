@@ -29,12 +29,29 @@ def frame(
     return out.encode() + b"data: " + body + b"\n\n"
 
 
-def connected() -> bytes:
-    return frame("connected", b'{"status":"connected"}')
+def retry(retry_ms: int) -> bytes:
+    """A block with only `retry:`: it sets an EventSource's reconnection time and
+    dispatches no event (no `data:`). The Mutation stream opens with it, so a browser
+    that loses the connection before any other frame still reconnects in `retry_ms`,
+    not in its default 3 s."""
+    return f"retry: {retry_ms}\n\n".encode()
+
+
+def connected(retry_ms: int) -> bytes:
+    # `retry:` here too: a stream that is quiet until it cycles sends no other frame
+    # that carries one.
+    return frame("connected", b'{"status":"connected"}', retry_ms=retry_ms)
 
 
 def disconnecting(reason: str, retry_ms: int) -> bytes:
-    return frame("disconnecting", wire.dumps({"reason": reason, "retry_ms": retry_ms}))
+    """The last frame of a stream the server closes. Its `retry:` line is what a browser
+    acts on (an EventSource reconnects after the last reconnection time it was given,
+    and ignores the JSON); `retry_ms` repeats it for clients that read the data."""
+    return frame(
+        "disconnecting",
+        wire.dumps({"reason": reason, "retry_ms": retry_ms}),
+        retry_ms=retry_ms,
+    )
 
 
 def durable_event(

@@ -65,6 +65,26 @@ EVENT_REF = {"$ref": "#/components/schemas/Event"}
 MESSAGE_REF = {"$ref": "#/components/schemas/Message"}
 INT = {"type": "integer"}
 STR = {"type": "string"}
+UTF16_OFFSET = {
+    "type": "integer",
+    "minimum": 0,
+    "description": "Where `text` starts in the part's text, in UTF-16 code units (what "
+    "JavaScript's `String.length` counts; a character beyond U+FFFF, such as most "
+    "emoji, is two). Apply the delta when this equals the length of the text you hold.",
+}
+DISCONNECTING_FRAME = _object(
+    ["reason", "retry_ms"],
+    reason={
+        "type": "string",
+        "description": "`connection_cycle` (every `SSE_CYCLE_SECONDS`), "
+        "`session_deleted`, `unauthorized` (the key was revoked) or `error` (the "
+        "client fell too far behind); more may be added",
+    },
+    retry_ms={
+        "type": "integer",
+        "description": "Reconnect after this many milliseconds (the frame's `retry:`)",
+    },
+)
 UPSTREAM_SSE_RESPONSES = _sse_responses(
     "Upstream's event stream: `connected`, durable events (with `id:`), live deltas, "
     "`disconnecting` before a periodic close; `: heartbeat` comments",
@@ -73,17 +93,15 @@ UPSTREAM_SSE_RESPONSES = _sse_responses(
             {"const": "connected"},
             _object(["status"], status={"const": "connected"}),
         ),
-        _frame(
-            {"const": "disconnecting"},
-            _object(["reason", "retry_ms"], reason=STR, retry_ms=INT),
-        ),
+        _frame({"const": "disconnecting"}, DISCONNECTING_FRAME),
         _frame({"type": "string", "enum": sorted(VALID_EVENT_TYPES)}, EVENT_REF),
     ],
     {"type": "string", "pattern": "^event_[0-9a-f]{32}$"},
 )
 MUTATION_SSE_RESPONSES = _sse_responses(
-    "The Mutation stream: `message` snapshots (`id:` = cursor), `part` and `delta` of "
-    "the live projection, `reset`; `: ping` comments",
+    "The Mutation stream: a `retry:` line first, `message` snapshots (`id:` = cursor), "
+    "`part` and `delta` of the live projection (`offset` in UTF-16 code units), "
+    "`reset`, `disconnecting` before every close the server decides; `: ping` comments",
     [
         _frame({"const": "message"}, _object(["message"], message=MESSAGE_REF)),
         _frame(
@@ -102,11 +120,12 @@ MUTATION_SSE_RESPONSES = _sse_responses(
                 message_id=STR,
                 revision=INT,
                 part_id=STR,
-                offset=INT,
+                offset=UTF16_OFFSET,
                 text=STR,
             ),
         ),
         _frame({"const": "reset"}, _object(["reason"], reason=STR)),
+        _frame({"const": "disconnecting"}, DISCONNECTING_FRAME),
     ],
     {"type": "string", "pattern": "^[0-9]+$"},
 )
@@ -155,9 +174,10 @@ async def stream_sse(
     ] = None,
 ) -> EventStreamResponse:
     """Upstream's event stream: `connected`, then durable events after the cursor
-    (`since_id`, `after_sequence` or the `Last-Event-ID` header), then live events
-    including deltas. `: heartbeat` comments keep it open; a `disconnecting` frame
-    precedes each periodic close."""
+    (the `Last-Event-ID` header, else `since_id` or `after_sequence`: the header wins,
+    as an EventSource reconnects to its original URL), then live events including
+    deltas. `: heartbeat` comments keep it open; a `disconnecting` frame precedes each
+    close the server decides, and it and `connected` carry `retry:`."""
     return await service.open_upstream(
         state,
         organization_id=caller.organization_id,
@@ -194,9 +214,14 @@ async def stream_messages(
     ] = None,
 ) -> EventStreamResponse:
     """The Mutation stream: `message` (complete snapshot, `id:` = cursor), `part` and
-    `delta` (the live projection), `reset` (reload snapshots). On connect it replays the
-    latest snapshot of every message changed after the cursor, then the live parts of
-    messages still streaming."""
+    `delta` (the live projection; `offset` counts UTF-16 code units, as JavaScript's
+    `String.length`), `reset` (reload snapshots). On connect it sends `retry:`, then
+    replays the latest snapshot of every message changed after the cursor (the
+    `Last-Event-ID` header, else `after`: the header wins, as an EventSource reconnects
+    to its original URL), then the live parts of messages still streaming. A
+    `disconnecting` frame (with `retry:`) precedes every close the server decides:
+    every `SSE_CYCLE_SECONDS`, on session deletion, key revocation, or a client too
+    slow to keep up."""
     return await service.open_mutations(
         state,
         organization_id=caller.organization_id,

@@ -59,26 +59,24 @@ async def open_upstream(
     last_event_id: str | None,
     key_hash: str | None = None,
 ) -> EventStreamResponse:
-    """Upstream's `/sse`, resuming after `since_id`, `after_sequence` or the
-    `Last-Event-ID` header (in that order). It ends when `key_hash` (the key the
-    caller authenticated with) is revoked."""
+    """Upstream's `/sse`, resuming after the `Last-Event-ID` header, else `since_id` or
+    `after_sequence`. The header wins: an EventSource reconnects to the URL it was
+    opened with (`?after_sequence=0` included) and sends the last `id:` it saw, which
+    is the newer position. It ends when `key_hash` (the key the caller authenticated
+    with) is revoked."""
     type_filter = set(validate_types("types", types))
     exclude_filter = set(validate_types("exclude", exclude))
     if since_id is not None and after_sequence is not None:
         raise InvalidParameter("since_id and after_sequence are mutually exclusive")
-    event_cursor = since_id
-    if last_event_id:
-        # Parsed even when a query cursor wins: a malformed header is a bad request.
-        parse_or_400("event", "event", last_event_id)
-        if event_cursor is None and after_sequence is None:
-            event_cursor = last_event_id
+    # Both are parsed even when the header wins: a malformed cursor is a bad request.
     event_uuid = (
-        parse_or_400("event", "event", event_cursor)
-        if event_cursor is not None
-        else None
+        parse_or_400("event", "event", since_id) if since_id is not None else None
     )
-    await _require_session(state, organization_id, session_id)
     cursor = after_sequence
+    if last_event_id:
+        event_uuid = parse_or_400("event", "event", last_event_id)
+        cursor = None
+    await _require_session(state, organization_id, session_id)
     if event_uuid is not None:
         async with state.database.read() as db:
             cursor = await events_service.cursor_after_event(db, session_id, event_uuid)
@@ -115,13 +113,13 @@ async def open_mutations(
     last_event_id: str | None,
     key_hash: str | None = None,
 ) -> EventStreamResponse:
-    """The Mutation stream, resuming after `?after=` or the `Last-Event-ID` header. It
-    ends when `key_hash` is revoked."""
-    header = _sequence(last_event_id, "Last-Event-ID") if last_event_id else None
-    if after is not None:
-        cursor = _sequence(after, "after") if after else None
-    else:
-        cursor = header
+    """The Mutation stream, resuming after the `Last-Event-ID` header, else `?after=`
+    (the header wins, as on `/sse`: an EventSource reconnects to its original URL,
+    `?after=0` included, with the last cursor it saw). It ends when `key_hash` is
+    revoked."""
+    # Both are parsed even when the header wins: a malformed cursor is a bad request.
+    query = _sequence(after, "after") if after else None
+    cursor = _sequence(last_event_id, "Last-Event-ID") if last_event_id else query
     await _require_session(state, organization_id, session_id)
     slot = state.limits.acquire(session_id, "mutations")
     return EventStreamResponse(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
+from app import wire
 from app.db import models
 from app.db.session import Database
 from app.events import service as events_service
@@ -26,8 +27,10 @@ from app.live.fanout import (
     DeltaOut,
     EventOut,
     Fanout,
+    Marker,
     MessageOut,
     PartOut,
+    text_units,
 )
 
 REPLAY_PAGE = 500
@@ -42,6 +45,15 @@ def _overflowed(session_id: uuid.UUID, limit: int) -> None:
         limit,
         extra={"session_id": format_id("session", session_id)},
     )
+
+
+# The closes the server decides, and the `disconnecting` reason each stream gives for
+# them before it ends.
+CLOSE_REASONS: dict[Marker, str] = {
+    CYCLE: "connection_cycle",
+    GONE: "session_deleted",
+    REVOKED: "unauthorized",
+}
 
 
 @dataclass
@@ -93,7 +105,7 @@ async def upstream_events(
             position = Position(await _last_sequence(database, session_id) or 0)
         else:
             position = Position(cursor)
-        yield frames.connected()
+        yield frames.connected(config.retry_ms)
         if cursor is not None:
             async for chunk in _replay_events(
                 database, session_id, position, accept, config
@@ -130,20 +142,14 @@ async def upstream_events(
             elif item is HEARTBEAT:
                 if config.keepalive is not None:
                     yield config.keepalive
-            elif item is CYCLE:
-                yield frames.disconnecting("connection_cycle", config.retry_ms)
-                return
-            elif item is GONE:
-                yield frames.disconnecting("session_deleted", config.retry_ms)
-                return
-            elif item is REVOKED:
-                yield frames.disconnecting("unauthorized", config.retry_ms)
-                return
             elif item is RESYNC:
                 async for chunk in _replay_events(
                     database, session_id, position, accept, config
                 ):
                     yield chunk
+            elif isinstance(item, Marker):
+                yield frames.disconnecting(CLOSE_REASONS[item], config.retry_ms)
+                return
     finally:
         fanout.unsubscribe(sub)
         release()
@@ -184,12 +190,15 @@ async def message_mutations(
     key_hash: str | None = None,
 ) -> AsyncIterator[bytes]:
     """The Mutation stream: `message` snapshots with cursor ids, `part`/`delta` of the
-    live projection, `reset` when the cursor cannot be honoured. Revoking `key_hash`
-    ends it."""
+    live projection, `reset` when the cursor cannot be honoured, and `disconnecting`
+    before every close the server decides, as on `/sse`. Revoking `key_hash` ends it."""
     sub = fanout.subscribe(session_id, key_hash)
-    # Characters of each live part this client has been sent, to trim overlaps.
+    # UTF-16 code units of each live part this client has been sent, to trim overlaps.
     sent: dict[str, int] = {}
     try:
+        # First, before any read: the reconnection time, and the sign that the stream
+        # is subscribed (whatever commits from now on reaches it).
+        yield frames.retry(config.retry_ms)
         async with database.read() as db:
             last = (
                 await db.scalar(
@@ -210,7 +219,7 @@ async def message_mutations(
                 yield chunk
         for projection, parts in fanout.live_parts(session_id):
             for part in parts:
-                sent[part["part_id"]] = len(part.get("text", ""))
+                sent[part["part_id"]] = text_units(part)
                 yield frames.part_mutation(
                     projection.message_id, projection.revision, part
                 )
@@ -221,6 +230,7 @@ async def message_mutations(
                 if sub.overflowed:
                     _overflowed(session_id, sub.limit)
                     yield frames.reset("slow_consumer")
+                    yield frames.disconnecting("error", config.retry_ms)
                 return
             # Deltas first: nearly every item of a streaming turn is one.
             if type(item) is DeltaOut:
@@ -231,7 +241,7 @@ async def message_mutations(
                 sent[delta.part_id] = item.end
                 if delta.offset < known:
                     yield frames.delta_mutation(
-                        delta, known, delta.text[known - delta.offset :]
+                        delta, known, wire.utf16_tail(delta.text, known - delta.offset)
                     )
                 else:
                     yield item.mutation_frame
@@ -259,8 +269,6 @@ async def message_mutations(
             elif item is HEARTBEAT:
                 if config.keepalive is not None:
                     yield config.keepalive
-            elif item is CYCLE or item is GONE or item is REVOKED:
-                return
             elif item is RESYNC:
                 async for chunk in _changed_messages(
                     database, session_id, cursor, None, include_internal
@@ -268,6 +276,9 @@ async def message_mutations(
                     yield chunk
                 last_now = await _last_sequence(database, session_id)
                 cursor = max(cursor, last_now or 0)
+            elif isinstance(item, Marker):
+                yield frames.disconnecting(CLOSE_REASONS[item], config.retry_ms)
+                return
     finally:
         fanout.unsubscribe(sub)
         release()

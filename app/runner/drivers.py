@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from app.wire import utf16_len
+
 
 @dataclass
 class TextDelta:
@@ -150,8 +152,9 @@ class ScriptedDriver:
             yield Annotations(
                 [
                     {
+                        # Text offsets count UTF-16 code units, as deltas do.
                         "start": 0,
-                        "end": len(body),
+                        "end": utf16_len(body),
                         "origin": "citation_retrieval",
                         "source": {
                             "uri": "https://example.com/architecture",

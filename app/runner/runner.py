@@ -123,6 +123,9 @@ class LiveStep:
     first_sequence: int
     parts: list[dict[str, Any]] = field(default_factory=list)
     phase: str | None = None
+    # The UTF-16 length of each live part's text (the offset of its next delta), kept
+    # per delta: measuring the whole text on every delta would be quadratic.
+    units: dict[str, int] = field(default_factory=dict)
 
     def new_part(self, part: dict[str, Any]) -> dict[str, Any]:
         sequence = self.first_sequence + len(self.parts)
@@ -740,10 +743,12 @@ class TurnRunner:
     async def _delta(
         self, step: LiveStep, part: dict[str, Any], text: str, event_type: str
     ) -> None:
-        offset = len(part["text"])
+        part_id = part["part_id"]
+        offset = step.units.get(part_id, 0)
+        step.units[part_id] = offset + wire.utf16_len(text)
         part["text"] += text
         await self._publish(
-            step.session_id, step.delta(part["part_id"], offset, text, event_type)
+            step.session_id, step.delta(part_id, offset, text, event_type)
         )
 
     async def _run_tool(self, turn: TurnProgress, call: ToolCall) -> dict[str, Any]:
