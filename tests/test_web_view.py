@@ -9,8 +9,10 @@ import asyncio
 import base64
 import json
 import time
+import tomllib
 import uuid
 from collections.abc import AsyncIterator
+from fnmatch import fnmatch
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -22,6 +24,7 @@ from app.ids import DEFAULT_ORG_ID, format_id
 from app.messages import checkpoint
 from app.sessions import schemas as session_schemas, service as sessions_service
 from app.settings import Settings
+from app.web import router as web
 from tests.browser import (
     api_messages,
     browser_fixture,
@@ -99,6 +102,21 @@ async def streaming_text(page: "Page") -> str:
 
 
 # ---- the routes ----------------------------------------------------------------------
+
+
+async def test_the_wheel_carries_every_file_the_web_view_serves() -> None:
+    """Each file the routes serve matches the package data that puts it in the wheel
+    (the client's files through the app/web/client link)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["app.web"]
+    served = [f"assets/{name}" for name in web.load(web.ASSETS)]
+    served += list(web.load(web.CLIENT, "client/"))
+    assert "client/index.js" in served and "assets/chat.html" in served
+    missing = [f for f in served if not any(fnmatch(f, p) for p in patterns)]
+    assert missing == [], f"not in [tool.setuptools.package-data] app.web: {missing}"
+    assert (ROOT / "app/web/client/index.js").read_bytes() == (
+        ROOT / "clients/js/src/index.js"
+    ).read_bytes()
 
 
 async def test_pages_are_static_files_outside_the_api(

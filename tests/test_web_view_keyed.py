@@ -1,8 +1,10 @@
 """The web view on a deployment with API keys, in headless Chromium: the pages ask for
 a key, say when one is refused, keep it in the tab's sessionStorage, and then work
-(list, create, chat). A module of its own: a keyed server cannot share the database
+(list, create, chat). Its server cycles streams every ~2 s, so the page also has to
+ride out reconnects. A module of its own: a keyed server cannot share the database
 of tests/test_web_view.py's open one."""
 
+import json
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -18,14 +20,16 @@ from tests.browser import (
     turn_done,
     wait_converged,
 )
-from tests.helpers import KeyedServer, auth, keyed_server_fixture
+from tests.helpers import KeyedServer, auth, keyed_server_fixture, text_body
 
 if TYPE_CHECKING:
     from playwright.async_api import Page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
-keyed_server = keyed_server_fixture("web-view-keyed", SCRIPTED_DELAY_MS="10")
+keyed_server = keyed_server_fixture(
+    "web-view-keyed", SCRIPTED_DELAY_MS="10", SSE_CYCLE_SECONDS="2"
+)
 browser = browser_fixture()
 page = page_fixture()
 
@@ -87,3 +91,41 @@ async def test_the_chat_page_asks_for_the_key_in_a_new_tab(
     # A reload keeps the key (the same tab).
     await open_chat(page, keyed_server.url, session_id)
     assert await page.is_hidden("#key")
+
+
+# Every value the connection indicator takes, in order.
+WATCH_STATUS = """() => {
+  window.statuses = [];
+  const status = document.querySelector('#status');
+  new MutationObserver(() => window.statuses.push(status.dataset.status))
+    .observe(status, { attributes: true, attributeFilter: ['data-status'] });
+}"""
+
+
+async def test_the_chat_page_rides_out_stream_cycles(
+    page: "Page", keyed_server: KeyedServer, api: httpx.AsyncClient
+) -> None:
+    created = await api.post("/v1/sessions", json={"title": "cycles"})
+    session_id = created.json()["id"]
+    key = json.dumps(keyed_server.api_key)
+    await page.context.add_init_script(
+        f"sessionStorage.setItem('evermirror.apiKey', {key})"
+    )
+    await open_chat(page, keyed_server.url, session_id)
+    await page.evaluate(WATCH_STATUS)
+    # A reply that streams across several cycles, and a message posted elsewhere
+    # while the page reconnects: the page ends with exactly what the API lists.
+    await send(page, "/scenario long 500")
+    await page.wait_for_function(
+        "() => window.statuses.includes('reconnecting')", timeout=10_000
+    )
+    response = await api.post(
+        f"/v1/sessions/{session_id}/messages", json=text_body("posted elsewhere")
+    )
+    assert response.status_code == 201, response.text
+    shown = await wait_converged(page, api, session_id, within=30)
+    # (The second message steered the running turn: its echo joins the reply.)
+    texts = [(m["role"], m["text"]) for m in shown]
+    assert ("user", "posted elsewhere") in texts
+    assert texts[1][1].startswith("".join(f"chunk{i} " for i in range(500)))
+    assert await page.get_attribute("#status", "data-status") == "live"
