@@ -39,7 +39,7 @@ from tests.conftest import ROOT, Server
 from tests.helpers import assert_problem, live_server_fixture, text_body
 
 if TYPE_CHECKING:
-    from playwright.async_api import Page
+    from playwright.async_api import Page, Route
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -394,6 +394,16 @@ async def seed_agent_parts(database_url: str) -> str:
     return format_id("session", session_id)
 
 
+# Appended to the client's index.js: a respond() that records each call and refuses
+# a denial.
+RESPOND = """
+Session.prototype.respond = function (id, body) {
+  (window.responded ??= []).push({ id, body });
+  return body.decision === "deny" ? Promise.reject(new Error("refused here")) : Promise.resolve({});
+};
+"""
+
+
 async def test_interactions_actions_and_user_parts_render(
     page: "Page", live_server: Server, api: httpx.AsyncClient
 ) -> None:
@@ -439,6 +449,35 @@ async def test_interactions_actions_and_user_parts_render(
     # A base64 image shows (the policy admits data: images), a 1x1 pixel.
     image = user.locator(".part.attachment img")
     assert await image.evaluate("(img) => img.complete && img.naturalWidth") == 1
+
+    # With a client that has respond() (as the Interactions API will bring), the
+    # buttons send the decision; a refusal is shown beside them.
+    async def with_respond(route: "Route") -> None:
+        response = await route.fetch()
+        await route.fulfill(response=response, body=await response.text() + RESPOND)
+
+    await page.route("**/web/client/index.js", with_respond)
+    await open_chat(page, live_server.url, session_id)
+    interaction = page.locator('.part[data-type="interaction"]')
+    await interaction.locator('button[data-decision="deny"]').click()
+    await interaction.locator(".error-text").wait_for()
+    assert await interaction.locator(".error-text").text_content() == (
+        "Not sent: refused here"
+    )
+    await interaction.locator('button[data-decision="approve"]').click()
+    await page.wait_for_function("() => window.responded?.length === 2")
+    assert await page.evaluate("() => window.responded") == [
+        {"id": "interaction_1", "body": {"decision": "deny"}},
+        {"id": "interaction_1", "body": {"decision": "approve"}},
+    ]
+    assert await interaction.locator(".error-text").count() == 0
+    buttons = interaction.locator("button[data-decision]")
+    assert await buttons.evaluate_all(
+        "(bs) => bs.map((b) => [b.disabled, b.title])"
+    ) == [
+        [False, ""],
+        [False, ""],
+    ]
 
 
 # ---- escaping ----------------------------------------------------------------------------
