@@ -8,6 +8,7 @@ a Content-Security-Policy, and the API's problem+json errors around them unchang
 import asyncio
 import base64
 import json
+import re
 import time
 import tomllib
 import uuid
@@ -119,6 +120,22 @@ async def test_the_wheel_carries_every_file_the_web_view_serves() -> None:
     ).read_bytes()
 
 
+async def test_the_pages_never_parse_data_as_markup() -> None:
+    """Belt and braces beside the browser tests: no script of the web view writes
+    HTML, and the pages carry no inline script or style (the policy would refuse
+    them)."""
+    for script in web.ASSETS.glob("*.js"):
+        source = script.read_text()
+        assert not re.search(
+            r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|eval\(", source
+        ), script.name
+    for html in web.ASSETS.glob("*.html"):
+        source = html.read_text()
+        external = r'<script\b[^>]*\bsrc="[^"]+"[^>]*>\s*</script>'
+        assert len(re.findall(external, source)) == source.count("<script"), html.name
+        assert "style=" not in source and "<style" not in source, html.name
+
+
 async def test_pages_are_static_files_outside_the_api(
     live_server: Server, api: httpx.AsyncClient
 ) -> None:
@@ -192,7 +209,7 @@ async def test_a_reload_mid_turn_shows_the_step_in_progress_and_converges(
 ) -> None:
     session_id = await new_session(api)
     await open_chat(page, live_server.url, session_id)
-    await send(page, "/scenario long 400")
+    await send(page, "/scenario long 300")
     before = await streaming_text(page)
     await page.reload()
     await page.wait_for_selector('#status[data-status="live"]')
@@ -200,7 +217,7 @@ async def test_a_reload_mid_turn_shows_the_step_in_progress_and_converges(
     after = await streaming_text(page)
     assert after.startswith("chunk0 ") and len(after) >= len(before) > 0
     shown = await wait_converged(page, api, session_id)
-    assert shown[1]["text"] == "".join(f"chunk{i} " for i in range(400))
+    assert shown[1]["text"] == "".join(f"chunk{i} " for i in range(300))
 
 
 async def test_stop_cancels_the_running_turn(
@@ -507,3 +524,15 @@ async def test_markup_in_titles_and_messages_renders_as_text(
     assert (await page.locator("#list img, #list script, #list a").count()) == 0
     await page.locator("#list .text-body").first.click()
     assert await page.evaluate("() => window.__xss") is None
+
+
+async def test_an_unknown_session_says_so(page: "Page", live_server: Server) -> None:
+    missing = format_id("session", uuid.uuid4())
+    await page.goto(f"{live_server.url}/sessions/{missing}/chat")
+    await page.wait_for_selector("#title:text('Session not found')")
+    assert await page.get_attribute("#status", "data-status") == "closed"
+    assert f"Session {missing} not found" in (
+        await page.locator("#notice").text_content() or ""
+    )
+    assert await page.is_disabled("#text")
+    assert await page.is_disabled("#send")

@@ -115,7 +115,7 @@ async def test_the_chat_page_rides_out_stream_cycles(
     await page.evaluate(WATCH_STATUS)
     # A reply that streams across several cycles, and a message posted elsewhere
     # while the page reconnects: the page ends with exactly what the API lists.
-    await send(page, "/scenario long 500")
+    await send(page, "/scenario long 300")
     await page.wait_for_function(
         "() => window.statuses.includes('reconnecting')", timeout=10_000
     )
@@ -127,5 +127,5 @@ async def test_the_chat_page_rides_out_stream_cycles(
     # (The second message steered the running turn: its echo joins the reply.)
     texts = [(m["role"], m["text"]) for m in shown]
     assert ("user", "posted elsewhere") in texts
-    assert texts[1][1].startswith("".join(f"chunk{i} " for i in range(500)))
+    assert texts[1][1].startswith("".join(f"chunk{i} " for i in range(300)))
     assert await page.get_attribute("#status", "data-status") == "live"

@@ -27,6 +27,8 @@ let view;
 let sending = false;
 let loadingOlder = false;
 let renderScheduled = false;
+// The session cannot be shown (not found, or refused): nothing will connect.
+let unavailable = false;
 // The id sent with a text, reused when the same text is sent again after a failure,
 // so a retry the service did receive is not stored twice.
 let attempt;
@@ -38,7 +40,7 @@ function notice(text) {
 }
 
 function showStatus() {
-  const status = !navigator.onLine ? "offline" : (view?.status ?? "connecting");
+  const status = !navigator.onLine ? "offline" : (view?.status ?? (unavailable ? "closed" : "connecting"));
   const node = $("#status");
   node.dataset.status = status;
   node.textContent = STATUS_TEXT[status] ?? status;
@@ -184,8 +186,8 @@ async function open() {
       if (error instanceof EvermirrorError && error.status < 500 && error.status !== 429) {
         $("#title").textContent = error.status === 404 ? "Session not found" : "Session unavailable";
         notice(describe(error));
-        $("#status").dataset.status = "closed";
-        $("#status").textContent = STATUS_TEXT.closed;
+        unavailable = true;
+        showStatus();
         return;
       }
       notice(`The service does not answer (${describe(error)}); retrying…`);
