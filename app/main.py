@@ -53,6 +53,7 @@ from app.schemas import JSON_VALUE_SCHEMA
 from app.sessions.router import router as sessions_router
 from app.settings import Settings, get_settings
 from app.state import AppState
+from app.web.router import create_router as web_router
 
 log = logging.getLogger("app")
 VERSION = "0.1.0"
@@ -311,6 +312,8 @@ def create_app(settings: Settings | None = None) -> Service:
     app.include_router(api_router(), prefix="/v1")
     # Upstream's base URL (and the official SDK's) ends in /api: same routes, same names.
     app.include_router(api_router(), prefix="/api/v1", include_in_schema=False)
+    # The web view (the sessions' view_url) and its static files; not in the schema.
+    app.include_router(web_router())
 
     framework_openapi = app.openapi
 

@@ -321,6 +321,18 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     }
     assert static, "no static files"
     assert static <= set(names), sorted(static - set(names))
+    # The web view's pages, and the JavaScript client they load (at app/web/client).
+    web = {
+        f"{shipped}/{path.relative_to(source).as_posix()}"
+        for source, shipped in (
+            (ROOT / "app/web/assets", "app/web/assets"),
+            (ROOT / "clients/js/src", "app/web/client"),
+        )
+        for path in source.rglob("*")
+        if path.is_file()
+    }
+    assert "app/web/client/index.js" in web and "app/web/assets/chat.html" in web
+    assert web <= set(names), sorted(web - set(names))
     venv = root / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], timeout=120, env=build_env)
     bin_dir = venv / ("Scripts" if sys.platform == "win32" else "bin")

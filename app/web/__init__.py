@@ -1,0 +1,1 @@
+"""The web view (see router.py)."""

@@ -1,0 +1,244 @@
+// The chat view of one session: a live `SyncView` of the JavaScript client (newest
+// page, then every Mutation), older pages when scrolled to the top, a message box,
+// Stop (cancel) and a connection indicator. `?limit=N` sets the page size (1-200).
+
+import { EvermirrorError, SyncView } from "./client/index.js";
+import { $, askForKey, describe, forgetKey, isKeyRefusal, newClient, sleep, storedKey } from "./common.js";
+import { MessageList } from "./render.js";
+
+const STATUS_TEXT = {
+  connecting: "Connecting…",
+  live: "Live",
+  reconnecting: "Reconnecting…",
+  closed: "Disconnected",
+  offline: "Offline",
+};
+// How close to an edge (px) counts as being at it.
+const EDGE = 64;
+
+const sessionId = decodeURIComponent(location.pathname.match(/\/sessions\/([^/]+)\/chat$/)?.[1] ?? "");
+const requested = Number.parseInt(new URLSearchParams(location.search).get("limit") ?? "", 10);
+const limit = Number.isInteger(requested) ? Math.min(200, Math.max(1, requested)) : 50;
+
+const box = $("#messages");
+const textBox = $("#text");
+let session;
+let view;
+let sending = false;
+let loadingOlder = false;
+let renderScheduled = false;
+// The session cannot be shown (not found, or refused): nothing will connect.
+let unavailable = false;
+// The id sent with a text, reused when the same text is sent again after a failure,
+// so a retry the service did receive is not stored twice.
+let attempt;
+
+const list = new MessageList($("#list"), { respond: undefined });
+
+function notice(text) {
+  $("#notice").textContent = text ?? "";
+}
+
+function showStatus() {
+  const status = !navigator.onLine ? "offline" : (view?.status ?? (unavailable ? "closed" : "connecting"));
+  const node = $("#status");
+  node.dataset.status = status;
+  node.textContent = STATUS_TEXT[status] ?? status;
+}
+
+function streaming() {
+  const messages = view?.messages ?? [];
+  const last = messages[messages.length - 1];
+  // A turn runs while an agent message streams, or has just been started by the
+  // newest (user) message.
+  return messages.some((m) => m.state === "streaming") || last?.role === "user";
+}
+
+function showControls() {
+  const usable = session !== undefined;
+  textBox.disabled = !usable;
+  $("#send").disabled = !usable || sending || textBox.value.trim() === "";
+  $("#stop").disabled = !usable || !(streaming() || sending);
+  const more = view?.hasMore ?? false;
+  $("#load-older").hidden = !more || loadingOlder;
+  $("#older-state").textContent = loadingOlder
+    ? "Loading older messages…"
+    : !more && view?.status === "live" && view.messages.length > 0
+      ? "Start of the conversation"
+      : "";
+}
+
+function scheduleRender() {
+  if (renderScheduled) return;
+  renderScheduled = true;
+  requestAnimationFrame(render);
+}
+
+function render() {
+  renderScheduled = false;
+  showStatus();
+  if (view) {
+    const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < EDGE;
+    // What the reader looks at stays put when an older page goes in above it.
+    const anchor = list.first;
+    const anchorTop = anchor?.getBoundingClientRect().top;
+    list.render(view.messages);
+    if (atBottom) box.scrollTop = box.scrollHeight;
+    else if (anchor?.isConnected) box.scrollTop += anchor.getBoundingClientRect().top - anchorTop;
+  }
+  showControls();
+  // A page that does not fill the screen cannot be scrolled up: load the next one.
+  if (view?.status === "live" && view.hasMore && box.scrollTop < EDGE && box.scrollHeight <= box.clientHeight) {
+    loadOlder();
+  }
+}
+
+async function loadOlder() {
+  if (loadingOlder || !view?.hasMore) return;
+  loadingOlder = true;
+  showControls();
+  try {
+    await view.loadOlder();
+  } catch (error) {
+    notice(`Older messages could not be loaded: ${describe(error)}`);
+  } finally {
+    loadingOlder = false;
+    scheduleRender();
+  }
+}
+
+function newMessageId() {
+  if (crypto.randomUUID) return crypto.randomUUID();
+  // Not a secure context (plain http on another host): no randomUUID there.
+  return Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+async function send() {
+  const text = textBox.value;
+  if (!session || sending || text.trim() === "") return;
+  if (attempt?.text !== text) attempt = { text, id: newMessageId() };
+  sending = true;
+  showControls();
+  try {
+    await session.send(text, { client_message_id: attempt.id });
+    attempt = undefined;
+    notice("");
+    if (textBox.value === text) textBox.value = "";
+    box.scrollTop = box.scrollHeight;
+  } catch (error) {
+    if (isKeyRefusal(error)) return restart(error);
+    notice(`Not sent: ${describe(error)}`);
+  } finally {
+    sending = false;
+    showControls();
+  }
+}
+
+async function stop() {
+  if (!session) return;
+  $("#stop").disabled = true;
+  try {
+    const answer = await session.cancel();
+    notice(answer.status === "no_op" ? "Nothing was running." : "");
+  } catch (error) {
+    if (isKeyRefusal(error)) return restart(error);
+    notice(`Could not stop: ${describe(error)}`);
+  } finally {
+    showControls();
+  }
+}
+
+async function respond(interactionId, decision) {
+  const context = list.context;
+  context.responding.add(interactionId);
+  context.failures.delete(interactionId);
+  list.render(view.messages, { force: true });
+  try {
+    await session.respond(interactionId, { decision });
+  } catch (error) {
+    context.failures.set(interactionId, `Not sent: ${describe(error)}`);
+  } finally {
+    context.responding.delete(interactionId);
+    list.render(view.messages, { force: true });
+  }
+}
+
+/** The session and its live view, asking for a key for as long as the service
+ * refuses the one held. */
+async function open() {
+  session = undefined;
+  for (;;) {
+    const candidate = newClient().session(sessionId);
+    try {
+      const info = await candidate.get();
+      const title = info.title || "Untitled session";
+      $("#title").textContent = title;
+      document.title = `${title} · evermirror`;
+      session = candidate;
+      break;
+    } catch (error) {
+      if (isKeyRefusal(error)) {
+        const refused = storedKey() !== undefined;
+        forgetKey();
+        await askForKey(refused ? "That key was refused; enter another." : undefined);
+        continue;
+      }
+      if (error instanceof EvermirrorError && error.status < 500 && error.status !== 429) {
+        $("#title").textContent = error.status === 404 ? "Session not found" : "Session unavailable";
+        notice(describe(error));
+        unavailable = true;
+        showStatus();
+        return;
+      }
+      notice(`The service does not answer (${describe(error)}); retrying…`);
+      $("#status").dataset.status = "offline";
+      await sleep(2000);
+    }
+  }
+  notice("");
+  // Approve/Deny work once the client can send a decision (the Interactions API).
+  list.context.respond = typeof session.respond === "function" ? respond : undefined;
+  view = new SyncView(session, { limit, include_internal: false, onChange: scheduleRender });
+  scheduleRender();
+  textBox.focus();
+  view.done.then(() => {
+    const error = view.error;
+    if (isKeyRefusal(error)) return restart(error);
+    if (error) notice(`The live view stopped: ${describe(error)}`);
+    scheduleRender();
+  });
+}
+
+async function restart(error) {
+  view?.close();
+  view = undefined;
+  session = undefined;
+  showControls();
+  notice(describe(error));
+  await open();
+}
+
+$("#compose").addEventListener("submit", (event) => {
+  event.preventDefault();
+  send();
+});
+textBox.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    send();
+  }
+});
+textBox.addEventListener("input", showControls);
+$("#stop").addEventListener("click", stop);
+$("#load-older").addEventListener("click", loadOlder);
+box.addEventListener(
+  "scroll",
+  () => {
+    if (box.scrollTop < EDGE) loadOlder();
+  },
+  { passive: true },
+);
+window.addEventListener("online", scheduleRender);
+window.addEventListener("offline", scheduleRender);
+
+open();

@@ -1,0 +1,340 @@
+// How a message and each of its parts look. Everything from the service is set as
+// text (el() and textContent); links go through link(), which admits http(s) only.
+//
+// The DOM is the tests' contract too: `.message[data-message-id][data-sequence]
+// [data-role][data-state]`, each part `.part[data-part-id][data-type]`, and a text
+// part's text, exactly as stored, in its `.text-body`.
+
+import { el, link, timeOf } from "./common.js";
+
+// Interaction statuses that still wait for a decision (the Approve/Deny buttons).
+const OPEN_INTERACTIONS = new Set(["pending", "requested", "open", "waiting", "awaiting", "awaiting_approval"]);
+const IMAGE_TYPES = /^image\/(png|jpeg|gif|webp)$/;
+const BASE64 = /^[A-Za-z0-9+/]+={0,2}$/;
+
+function json(value) {
+  if (typeof value === "string") return value;
+  try {
+    return JSON.stringify(value, null, 2) ?? String(value);
+  } catch {
+    return String(value);
+  }
+}
+
+/** A text part's text with its citations: each cited span is marked and numbered by
+ * its source, and the sources are listed under the text. Offsets count code points
+ * (upstream's "char offset"); spans out of range or overlapping an earlier one are
+ * not marked. */
+function textPart(part) {
+  const text = typeof part.text === "string" ? part.text : "";
+  const annotations = Array.isArray(part.annotations) ? part.annotations : [];
+  const body = el("div", { class: "text-body" });
+  if (annotations.length === 0) {
+    body.textContent = text;
+    return [body];
+  }
+  const chars = Array.from(text);
+  const sources = new Map(); // uri (or title) -> {number, source, verified}
+  const numberOf = (annotation) => {
+    const source = annotation?.source ?? {};
+    const key = String(source.uri ?? source.title ?? "");
+    if (!sources.has(key)) sources.set(key, { number: sources.size + 1, source, verified: annotation.verified });
+    return sources.get(key).number;
+  };
+  const spans = annotations
+    .filter((a) => a && Number.isInteger(a.start) && Number.isInteger(a.end) && a.start >= 0 && a.start < a.end && a.end <= chars.length)
+    .sort((a, b) => a.start - b.start || b.end - a.end);
+  let at = 0;
+  for (const annotation of spans) {
+    const number = numberOf(annotation);
+    if (annotation.start < at) continue;
+    if (annotation.start > at) body.append(chars.slice(at, annotation.start).join(""));
+    const title = annotation.source?.title ?? annotation.source?.uri;
+    body.append(
+      el("mark", {
+        class: "cited",
+        dataset: { ref: number },
+        title: title === undefined ? undefined : String(title),
+        text: chars.slice(annotation.start, annotation.end).join(""),
+      }),
+    );
+    at = annotation.end;
+  }
+  if (at < chars.length) body.append(chars.slice(at).join(""));
+  for (const annotation of annotations) if (annotation?.source) numberOf(annotation);
+  const list = el(
+    "ol",
+    { class: "sources", "aria-label": "Sources" },
+    [...sources.values()].map(({ number, source, verified }) =>
+      el(
+        "li",
+        { value: number },
+        source.uri ? link(source.uri, String(source.title ?? source.uri)) : String(source.title ?? "source"),
+        verified?.status
+          ? el("span", {
+              class: `verified verified-${String(verified.status).replace(/[^a-z]/g, "")}`,
+              text: ` · ${verified.status}${typeof verified.score === "number" ? ` (${verified.score})` : ""}`,
+            })
+          : null,
+        source.snippet ? el("span", { class: "snippet", text: String(source.snippet) }) : null,
+      ),
+    ),
+  );
+  return [body, list];
+}
+
+function reasoningText(text) {
+  if (typeof text === "string") return text; // live: the text so far
+  if (!text || typeof text !== "object") return "";
+  if (text.kind === "summary" && Array.isArray(text.parts)) return text.parts.map(String).join("\n\n");
+  if (text.kind === "redacted") return "(withheld by the provider)";
+  return typeof text.text === "string" ? text.text : "";
+}
+
+function reasoningPart(part, streaming) {
+  const label = streaming ? "Reasoning…" : "Reasoning";
+  const tokens = Number.isInteger(part.tokens) ? ` · ${part.tokens} tokens` : "";
+  // Collapsed unless opened: the reader asks for it.
+  return el(
+    "details",
+    { class: "part reasoning" },
+    el("summary", { text: label + tokens }),
+    el("div", { class: "reasoning-body", text: reasoningText(part.text) }),
+  );
+}
+
+function toolResultBody(result) {
+  if (!result) return null;
+  return el(
+    "div",
+    { class: "tool-result" },
+    result.error !== undefined && result.error !== null
+      ? [el("span", { class: "label", text: "Error" }), el("pre", { class: "error-text", text: json(result.error) })]
+      : [el("span", { class: "label", text: "Result" }), el("pre", { text: json(result.result) })],
+  );
+}
+
+function toolCallPart(part, result) {
+  const status = String(part.status ?? (result ? (result.error ? "failed" : "completed") : "requested"));
+  return [
+    el(
+      "div",
+      { class: "tool-head" },
+      el("span", { class: "label", text: "Tool" }),
+      el("span", { class: "tool-name", text: String(part.name ?? "tool") }),
+      el("span", { class: "badge tool-status", text: status }),
+    ),
+    el("span", { class: "label", text: "Arguments" }),
+    el("pre", { class: "tool-arguments", text: json(part.arguments ?? {}) }),
+    toolResultBody(result),
+  ];
+}
+
+function interactionPart(part, context) {
+  const status = String(part.status ?? "");
+  const nodes = [
+    el(
+      "div",
+      { class: "tool-head" },
+      el("span", { class: "label", text: "Interaction" }),
+      el("span", { class: "tool-name", text: String(part.kind ?? "interaction") }),
+      el("span", { class: "badge interaction-status", text: status }),
+    ),
+  ];
+  if (part.prompt) nodes.push(el("div", { class: "prompt", text: String(part.prompt) }));
+  if (part.response !== undefined && part.response !== null) nodes.push(el("pre", { text: json(part.response) }));
+  if (OPEN_INTERACTIONS.has(status)) {
+    const id = String(part.interaction_id ?? "");
+    const available = typeof context.respond === "function";
+    const busy = context.responding.has(id);
+    const button = (decision, text) =>
+      el("button", {
+        type: "button",
+        class: `decide ${decision}`,
+        dataset: { decision },
+        text,
+        disabled: !available || busy,
+        title: available ? undefined : "Approvals are not available on this server",
+        onclick: () => context.respond(id, decision),
+      });
+    nodes.push(el("div", { class: "actions" }, button("approve", "Approve"), button("deny", "Deny")));
+    const failure = context.failures.get(id);
+    if (failure) nodes.push(el("p", { class: "error-text", text: failure }));
+  }
+  return nodes;
+}
+
+function imagePart(part) {
+  if (typeof part.base64 === "string" && IMAGE_TYPES.test(String(part.media_type)) && BASE64.test(part.base64)) {
+    const image = el("img", { alt: "image" });
+    image.src = `data:${part.media_type};base64,${part.base64}`;
+    return [image];
+  }
+  // A remote image is linked, not loaded: the page contacts no other origin.
+  return [el("span", { class: "label", text: "Image " }), part.url ? link(part.url) : "(no preview)"];
+}
+
+function partNode(part, message, context, result) {
+  const type = String(part.type);
+  const base = { dataset: { partId: part.part_id, type } };
+  const streaming = message.state === "streaming";
+  switch (type) {
+    case "text":
+      return el("div", { class: "part text", ...base }, textPart(part));
+    case "reasoning": {
+      const node = reasoningPart(part, streaming);
+      Object.assign(node.dataset, { partId: part.part_id ?? "", type });
+      return node;
+    }
+    case "tool_call":
+      return el("div", { class: "part tool", ...base, dataset: { ...base.dataset, status: part.status } }, toolCallPart(part, result));
+    case "tool_result":
+      return el(
+        "div",
+        { class: "part tool", ...base },
+        el("span", { class: "label", text: `Tool result for ${part.tool_call_id ?? "a call"}` }),
+        toolResultBody(part),
+      );
+    case "interaction":
+      return el(
+        "div",
+        { class: "part interaction", ...base, dataset: { ...base.dataset, status: part.status, interactionId: part.interaction_id } },
+        interactionPart(part, context),
+      );
+    case "action":
+      return el(
+        "div",
+        { class: "part action", ...base },
+        el("span", { class: "label", text: "Action " }),
+        el("span", { class: "tool-name", text: String(part.action ?? "") }),
+        part.data !== undefined && part.data !== null ? el("pre", { text: json(part.data) }) : null,
+      );
+    case "error":
+      return el(
+        "div",
+        { class: "part error", role: "alert", ...base },
+        el("span", { class: "code", text: String(part.code ?? "error") }),
+        el("span", { class: "error-message", text: String(part.message ?? "") }),
+      );
+    case "context":
+      return el(
+        "div",
+        { class: "part context", ...base },
+        el("span", { class: "label", text: `<${part.tag ?? "context"}>` }),
+        el("div", { class: "text-context", text: String(part.context ?? "") }),
+      );
+    case "image":
+      return el("div", { class: "part attachment", ...base }, imagePart(part));
+    case "image_file":
+    case "file":
+      return el(
+        "div",
+        { class: "part attachment", ...base },
+        el("span", { class: "label", text: type === "file" ? "File " : "Image file " }),
+        String(part.filename ?? part.file_id ?? part.image_id ?? ""),
+      );
+    default:
+      return el("div", { class: "part other", ...base }, el("span", { class: "label", text: type }), el("pre", { text: json(part) }));
+  }
+}
+
+function metaNode(message) {
+  return el(
+    "div",
+    { class: "meta" },
+    el("span", { class: "who", text: message.role === "user" ? "You" : "Agent" }),
+    el("span", { class: "sequence", text: `#${message.sequence}` }),
+    timeOf(message.created_at),
+    message.phase === "commentary" ? el("span", { class: "badge", text: "commentary" }) : null,
+    message.visibility === "internal" ? el("span", { class: "badge", text: "internal" }) : null,
+    message.state === "streaming" ? el("span", { class: "badge state", text: "streaming…" }) : null,
+  );
+}
+
+/** The rendered messages, keyed by id: a message is rebuilt only when the view hands
+ * a new object for it, and a part only when it changed (an opened reasoning part
+ * stays open while its message streams on). */
+export class MessageList {
+  constructor(container, context) {
+    this.container = container;
+    this.context = { responding: new Set(), failures: new Map(), ...context };
+    this.nodes = new Map(); // message id -> {message, node, parts: Map<key, {signature, node}>}
+  }
+
+  get first() {
+    return this.container.firstElementChild;
+  }
+
+  render(messages, { force = false } = {}) {
+    const seen = new Set();
+    const order = [];
+    for (const message of messages) {
+      seen.add(message.id);
+      let entry = this.nodes.get(message.id);
+      if (!entry) {
+        entry = { message: undefined, node: el("article", { class: "message" }), parts: new Map() };
+        this.nodes.set(message.id, entry);
+      }
+      if (force || entry.message !== message) this.update(entry, message);
+      order.push(entry.node);
+    }
+    for (const [id, entry] of this.nodes) {
+      if (!seen.has(id)) {
+        entry.node.remove();
+        this.nodes.delete(id);
+      }
+    }
+    // Moves only what is out of place (an older page goes in front).
+    let previous = null;
+    for (const node of order) {
+      const expected = previous ? previous.nextSibling : this.container.firstChild;
+      if (expected !== node) this.container.insertBefore(node, expected);
+      previous = node;
+    }
+  }
+
+  update(entry, message) {
+    entry.message = message;
+    const node = entry.node;
+    Object.assign(node.dataset, {
+      messageId: message.id,
+      sequence: message.sequence,
+      role: message.role,
+      state: message.state,
+      visibility: message.visibility ?? "visible",
+      revision: message.revision,
+    });
+    const content = Array.isArray(message.content) ? message.content : [];
+    // A tool's result shows under its call; a result without a call stands alone.
+    const calls = new Set(content.filter((p) => p?.type === "tool_call").map((p) => p.id));
+    const results = new Map(content.filter((p) => p?.type === "tool_result").map((p) => [p.tool_call_id, p]));
+    const parts = new Map();
+    const children = [metaNode(message)];
+    content.forEach((part, index) => {
+      if (!part || typeof part !== "object") return;
+      if (part.type === "tool_result" && calls.has(part.tool_call_id)) return;
+      const result = part.type === "tool_call" ? results.get(part.id) : undefined;
+      const key = part.part_id ?? `#${index}`;
+      const signature = JSON.stringify([part, result, message.state, this.interactionState(part)]);
+      let held = entry.parts.get(key);
+      if (!held || held.signature !== signature) {
+        const fresh = partNode(part, message, this.context, result);
+        if (held?.node instanceof HTMLDetailsElement && fresh instanceof HTMLDetailsElement) fresh.open = held.node.open;
+        held = { signature, node: fresh };
+      }
+      parts.set(key, held);
+      children.push(held.node);
+    });
+    if (message.state === "streaming" && children.length === 1) {
+      children.push(el("div", { class: "part typing", "aria-label": "The agent is writing", text: "…" }));
+    }
+    entry.parts = parts;
+    node.replaceChildren(...children);
+  }
+
+  interactionState(part) {
+    if (part.type !== "interaction") return null;
+    const id = String(part.interaction_id ?? "");
+    return [this.context.responding.has(id), this.context.failures.get(id) ?? null];
+  }
+}

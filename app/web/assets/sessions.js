@@ -1,0 +1,86 @@
+// The session list: newest activity first, with search, paging and a form that
+// creates a session and opens its chat view.
+
+import { $, askForKey, describe, el, forgetKey, isKeyRefusal, newClient, storedKey, timeOf } from "./common.js";
+
+const LIMIT = 20;
+let offset = 0;
+let search = "";
+
+function chatHref(id) {
+  // Relative to /sessions: works under any path prefix.
+  return `sessions/${encodeURIComponent(id)}/chat`;
+}
+
+function row(session) {
+  const anchor = el("a", { text: session.title || "Untitled session" });
+  anchor.href = chatHref(session.id);
+  return el(
+    "tr",
+    { dataset: { sessionId: session.id } },
+    el("td", {}, anchor),
+    el("td", { text: session.status }),
+    el("td", {}, timeOf(session.updated_at)),
+    el("td", { class: "id mono", text: session.id }),
+  );
+}
+
+/** Runs `call` with a client, asking for a key for as long as the service refuses
+ * the one held. */
+async function withKey(call) {
+  for (;;) {
+    try {
+      return await call(newClient());
+    } catch (error) {
+      if (!isKeyRefusal(error)) throw error;
+      const refused = storedKey() !== undefined;
+      forgetKey();
+      await askForKey(refused ? "That key was refused; enter another." : undefined);
+    }
+  }
+}
+
+async function load() {
+  try {
+    const query = { offset, limit: LIMIT, order: "last_activity" };
+    if (search) query.search = search;
+    const page = await withKey((client) => client.listSessions(query));
+    $("#notice").textContent = "";
+    $("#rows").replaceChildren(...page.data.map(row));
+    $("#empty").hidden = page.data.length > 0 || offset > 0;
+    const shown = page.data.length;
+    $("#range").textContent = shown ? `${offset + 1}–${offset + shown} of ${page.total}` : `${page.total} sessions`;
+    $("#prev").disabled = offset === 0;
+    $("#next").disabled = offset + shown >= page.total;
+    $("#next").dataset.offset = String(offset + shown);
+  } catch (error) {
+    $("#notice").textContent = `Sessions could not be listed: ${describe(error)}`;
+  }
+}
+
+$("#create").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const title = $("#new-title").value.trim();
+  try {
+    const session = await withKey((client) => client.createSession(title ? { title } : {}));
+    location.href = chatHref(session.id);
+  } catch (error) {
+    $("#notice").textContent = `No session created: ${describe(error)}`;
+  }
+});
+$("#search").addEventListener("submit", (event) => {
+  event.preventDefault();
+  search = $("#search-input").value.trim();
+  offset = 0;
+  load();
+});
+$("#prev").addEventListener("click", () => {
+  offset = Math.max(0, offset - LIMIT);
+  load();
+});
+$("#next").addEventListener("click", () => {
+  offset = Number($("#next").dataset.offset);
+  load();
+});
+
+load();

@@ -1,0 +1,533 @@
+"""The web view (app/web): the session list and the chat page, driven in headless
+Chromium against a real server on each lane. What a page shows must equal
+`GET .../messages`, while a reply streams, after a reload mid-turn and after paging
+back; every part type renders; whatever a message holds renders as text. The
+routes themselves are static pages outside the API: not in the OpenAPI document, with
+a Content-Security-Policy, and the API's problem+json errors around them unchanged."""
+
+import asyncio
+import base64
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from app.db.session import Database
+from app.ids import DEFAULT_ORG_ID, format_id
+from app.messages import checkpoint
+from app.sessions import schemas as session_schemas, service as sessions_service
+from app.settings import Settings
+from app.web import router as web
+from tests.browser import (
+    api_messages,
+    browser_fixture,
+    open_chat,
+    page_fixture,
+    rendered,
+    send,
+    turn_done,
+    wait_converged,
+)
+from tests.conftest import ROOT, Server
+from tests.helpers import assert_problem, live_server_fixture, text_body
+
+if TYPE_CHECKING:
+    from playwright.async_api import Page, Route
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+# Slow enough that a long reply streams for seconds, fast enough for short turns.
+live_server = live_server_fixture("web-view", SCRIPTED_DELAY_MS="10")
+browser = browser_fixture()
+page = page_fixture()
+
+# A 1x1 PNG, for an image part carried as base64.
+PIXEL = base64.b64encode(
+    bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+        "1f15c4890000000d4944415478da63f8cfc0f01f0005050201a5b1e2e60000000049454e44ae426082"
+    )
+).decode()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def api(live_server: Server) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=live_server.url, timeout=10) as client:
+        yield client
+
+
+async def new_session(api: httpx.AsyncClient, title: str = "web view") -> str:
+    response = await api.post("/v1/sessions", json={"title": title})
+    assert response.status_code == 201, response.text
+    session_id: str = response.json()["id"]
+    return session_id
+
+
+async def post(
+    api: httpx.AsyncClient, session_id: str, body: dict[str, Any]
+) -> dict[str, Any]:
+    response = await api.post(f"/v1/sessions/{session_id}/messages", json=body)
+    assert response.status_code == 201, response.text
+    message: dict[str, Any] = response.json()
+    return message
+
+
+async def wait_idle(
+    api: httpx.AsyncClient, session_id: str, within: float = 20.0
+) -> None:
+    deadline = time.monotonic() + within
+    while (await api.get(f"/v1/sessions/{session_id}")).json()["status"] != "idle":
+        assert time.monotonic() < deadline, f"{session_id} did not go idle"
+        await asyncio.sleep(0.05)
+
+
+async def streaming_text(page: "Page") -> str:
+    """Waits until an agent message shows text while it still streams; that text."""
+    handle = await page.wait_for_function(
+        """() => {
+          const m = document.querySelector('#list > .message[data-role="agent"][data-state="streaming"]');
+          const text = m?.querySelector('.part[data-type="text"] > .text-body')?.textContent;
+          return text ? text : null;
+        }"""
+    )
+    text: str = await handle.json_value()
+    return text
+
+
+# ---- the routes ----------------------------------------------------------------------
+
+
+async def test_the_client_served_is_the_client_source() -> None:
+    """app/web/client is the JavaScript client's source (a link in a checkout, which
+    the build follows: tests/test_ship.py checks the files in a built wheel)."""
+    served = list(web.load(web.CLIENT, "client/"))
+    assert "client/index.js" in served
+    assert (ROOT / "app/web/client/index.js").read_bytes() == (
+        ROOT / "clients/js/src/index.js"
+    ).read_bytes()
+
+
+async def test_the_pages_never_parse_data_as_markup() -> None:
+    """Belt and braces beside the browser tests: no script of the web view writes
+    HTML, and the pages carry no inline script or style (the policy would refuse
+    them)."""
+    for script in web.ASSETS.glob("*.js"):
+        source = script.read_text()
+        assert not re.search(
+            r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|eval\(", source
+        ), script.name
+    for html in web.ASSETS.glob("*.html"):
+        source = html.read_text()
+        external = r'<script\b[^>]*\bsrc="[^"]+"[^>]*>\s*</script>'
+        assert len(re.findall(external, source)) == source.count("<script"), html.name
+        assert "style=" not in source and "<style" not in source, html.name
+
+
+async def test_pages_are_static_files_outside_the_api(
+    live_server: Server, api: httpx.AsyncClient
+) -> None:
+    created = await api.post("/api/v1/sessions", json={"title": "urls"})
+    assert created.status_code == 201, created.text
+    session = created.json()
+    # view_url and ui_link point at the chat page, never under the API's /api mount.
+    chat = f"{live_server.url}/sessions/{session['id']}/chat"
+    assert session["view_url"] == session["ui_link"] == chat
+    for url in (chat, f"{live_server.url}/sessions"):
+        response = await api.get(url)
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"] == "text/html; charset=utf-8"
+        policy = response.headers["content-security-policy"]
+        assert "script-src 'self';" in policy and "default-src 'none'" in policy
+        assert "unsafe-inline" not in policy
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["cache-control"] == "no-cache"
+        assert '<script type="module" src="' in response.text
+        # Revalidated, not re-sent.
+        again = await api.get(url, headers={"If-None-Match": response.headers["etag"]})
+        assert again.status_code == 304 and again.content == b""
+    # The JavaScript client is served from its source, from the same origin.
+    client = await api.get("/web/client/index.js")
+    assert client.status_code == 200
+    assert client.headers["content-type"] == "text/javascript; charset=utf-8"
+    assert client.headers["x-content-type-options"] == "nosniff"
+    assert client.content == (ROOT / "clients/js/src/index.js").read_bytes()
+    assert (await api.get("/web/chat.js")).status_code == 200
+    # Nothing else is reachable through them; the API's errors stay problem+json.
+    assert_problem(await api.get("/web/../app/main.py"), 404)
+    assert_problem(await api.get("/web/client/index.d.ts"), 404)
+    assert_problem(await api.get("/web/missing.js"), 404)
+    assert_problem(await api.get("/sessions/"), 404)
+    assert_problem(await api.get(f"/sessions/{session['id']}"), 404)
+    assert_problem(await api.get("/sessions/sess_1/chat"), 400, code="invalid_id")
+    assert_problem(
+        await api.get(f"/v1/sessions/{format_id('session', uuid.uuid4())}"),
+        404,
+        code="session_not_found",
+    )
+    paths = (await api.get("/openapi.json")).json()["paths"]
+    assert all(path.startswith(("/v1/", "/health", "/ready")) for path in paths), list(
+        paths
+    )
+
+
+# ---- live text, reload, stop ---------------------------------------------------------
+
+
+async def test_a_posted_message_streams_its_reply_and_ends_as_the_api_lists_it(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api)
+    await open_chat(page, live_server.url, session_id)
+    assert await page.is_disabled("#stop")
+    await send(page, "/scenario long 150")
+    # Text appears while the message still streams (before the turn ends), and the
+    # turn can be stopped meanwhile.
+    partial = await streaming_text(page)
+    assert await page.is_enabled("#stop")
+    shown = await wait_converged(page, api, session_id)
+    assert [m["role"] for m in shown] == ["user", "agent"]
+    assert shown[0]["text"] == "/scenario long 150"
+    final = shown[1]["text"]
+    assert final == "".join(f"chunk{i} " for i in range(150))
+    assert final.startswith(partial) and len(partial) < len(final)
+    assert await page.is_disabled("#stop")
+
+
+async def test_a_reload_mid_turn_shows_the_step_in_progress_and_converges(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api)
+    await open_chat(page, live_server.url, session_id)
+    await send(page, "/scenario long 300")
+    before = await streaming_text(page)
+    await page.reload()
+    await page.wait_for_selector('#status[data-status="live"]')
+    # The reopened stream starts with the live parts so far: no wait for a commit.
+    after = await streaming_text(page)
+    assert after.startswith("chunk0 ") and len(after) >= len(before) > 0
+    shown = await wait_converged(page, api, session_id)
+    assert shown[1]["text"] == "".join(f"chunk{i} " for i in range(300))
+
+
+async def test_stop_cancels_the_running_turn(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api)
+    await open_chat(page, live_server.url, session_id)
+    await send(page, "/scenario long 2000")
+    await streaming_text(page)
+    await page.click("#stop")
+    await wait_converged(page, api, session_id, within=10)
+    agent = page.locator('#list > .message[data-role="agent"]')
+    assert (await agent.locator(".part.error").count()) == 1
+    await wait_idle(api, session_id)
+    assert await page.is_disabled("#stop")
+
+
+# ---- history ---------------------------------------------------------------------------
+
+
+async def test_scrolling_to_the_top_loads_older_pages_until_the_first_message(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api)
+    # Seven turns of long messages (few, long words: each turn is quick): fourteen
+    # messages, each taller than a quarter of the screen.
+    for turn in range(7):
+        word = f"turn{turn}-" + "x" * 60
+        await post(api, session_id, text_body(" ".join([word] * 12)))
+        await wait_idle(api, session_id)
+    expected = await api_messages(api, session_id)
+    assert len(expected) == 14
+    await open_chat(page, live_server.url, session_id, "?limit=4")
+    await page.wait_for_function(
+        "() => document.querySelectorAll('#list > .message').length > 0"
+    )
+    # The newest page only, scrolled to its end.
+    assert await rendered(page) == expected[-4:]
+    assert await page.evaluate(
+        "() => { const b = document.querySelector('#messages');"
+        " return b.scrollHeight - b.scrollTop - b.clientHeight < 64 }"
+    )
+    for shown in (8, 12, 14):
+        await page.evaluate(
+            "() => { document.querySelector('#messages').scrollTop = 0 }"
+        )
+        await page.wait_for_function(
+            "(n) => document.querySelectorAll('#list > .message').length === n",
+            arg=shown,
+        )
+        assert await rendered(page) == expected[-shown:]
+        # What was read stays in view: the older page went in above it.
+        assert (
+            await page.evaluate("() => document.querySelector('#messages').scrollTop")
+            > 0
+        )
+    await page.wait_for_selector("#older-state:text('Start of the conversation')")
+    assert await page.is_hidden("#load-older")
+    # New messages still arrive at the end of the whole history.
+    await send(page, "and one more")
+    await turn_done(page, 16)
+    assert len(await wait_converged(page, api, session_id)) == 16
+
+
+# ---- every part type -------------------------------------------------------------------
+
+
+async def test_the_scripted_scenarios_render_their_parts(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api)
+    await open_chat(page, live_server.url, session_id)
+    for count, text in enumerate(
+        (
+            "/scenario tool weather in Lisbon",
+            "/scenario reasoning",
+            "/scenario citations",
+            "/scenario fail",
+        ),
+        start=1,
+    ):
+        await send(page, text)
+        await turn_done(page, 2 * count)
+    await wait_converged(page, api, session_id)
+    agents = page.locator('#list > .message[data-role="agent"]')
+
+    # A tool call shows its final state, its arguments and its result, once.
+    tool = agents.nth(0).locator('.part[data-type="tool_call"]')
+    assert await tool.get_attribute("data-status") == "completed"
+    assert (await tool.locator(".tool-name").text_content()) == "lookup"
+    arguments = json.loads((await tool.locator(".tool-arguments").text_content()) or "")
+    assert arguments == {"query": "weather in Lisbon"}
+    assert json.loads(
+        (await tool.locator(".tool-result pre").text_content()) or ""
+    ) == {
+        "query": "weather in Lisbon",
+        "answer": 42,
+    }
+    assert (await agents.nth(0).locator('.part[data-type="tool_result"]').count()) == 0
+
+    # Reasoning is collapsed until opened.
+    reasoning = agents.nth(1).locator("details.reasoning")
+    assert await reasoning.evaluate("(d) => d.open") is False
+    assert (await reasoning.locator(".reasoning-body").text_content()) == (
+        "Thinking about the question."
+    )
+    assert not (await reasoning.locator(".reasoning-body").is_visible())
+    await reasoning.locator("summary").click()
+    assert await reasoning.locator(".reasoning-body").is_visible()
+
+    # A citation marks its span and lists its source, linked.
+    cited = agents.nth(2)
+    assert (await cited.locator("mark.cited").text_content()) == (
+        "The control plane owns durable state."
+    )
+    source = cited.locator(".sources a")
+    assert await source.text_content() == "Architecture Overview"
+    assert await source.get_attribute("href") == "https://example.com/architecture"
+    assert "entailed" in ((await cited.locator(".sources").text_content()) or "")
+
+    # A failed turn ends with its error part.
+    error = agents.nth(3).locator(".part.error")
+    assert (await error.locator(".code").text_content()) == "model_error"
+    assert (await error.locator(".error-message").text_content()) == (
+        "The scripted model failed mid-stream"
+    )
+
+
+async def seed_agent_parts(database_url: str) -> str:
+    """A session whose agent parts no HTTP call makes yet: a tool call awaiting an
+    approval (an interaction part) and a standalone action message, written by the
+    checkpoint writer as the runner would."""
+    database = Database.from_settings(Settings(database_url=database_url))
+    try:
+        async with database.write() as db:
+            created = await sessions_service.create_session(
+                db,
+                organization_id=DEFAULT_ORG_ID,
+                data=session_schemas.SessionCreate(title="approvals"),
+            )
+        session_id = created.id
+        async with database.write() as db:
+            session = await sessions_service.lock_session(db, session_id)
+            assert session is not None
+            opened = await checkpoint.open_agent_message(
+                db, session, turn_id=uuid.uuid4()
+            )
+            assert opened.message is not None
+            message_id = opened.message.id
+        async with database.write() as db:
+            session = await sessions_service.lock_session(db, session_id)
+            assert session is not None
+            message = await checkpoint.get_message_for_update(db, message_id)
+            await checkpoint.commit_step(
+                db,
+                session,
+                message,
+                step_id="s1",
+                parts=[
+                    {"type": "text", "text": "I need your approval."},
+                    {
+                        "type": "tool_call",
+                        "id": "call_1",
+                        "name": "delete_files",
+                        "arguments": {"path": "/tmp/x"},
+                        "status": "awaiting_approval",
+                    },
+                    {
+                        "type": "interaction",
+                        "interaction_id": "interaction_1",
+                        "kind": "approval",
+                        "status": "pending",
+                        "tool_call_id": "call_1",
+                        "prompt": "Delete /tmp/x?",
+                    },
+                ],
+                close=True,
+            )
+        async with database.write() as db:
+            session = await sessions_service.lock_session(db, session_id)
+            assert session is not None
+            await checkpoint.append_action(
+                db,
+                session,
+                turn_id=None,
+                action="set_approval_mode",
+                data={"approval_mode": "ask"},
+            )
+    finally:
+        await database.dispose()
+    return format_id("session", session_id)
+
+
+# Appended to the client's index.js: a respond() that records each call and refuses
+# a denial.
+RESPOND = """
+Session.prototype.respond = function (id, body) {
+  (window.responded ??= []).push({ id, body });
+  return body.decision === "deny" ? Promise.reject(new Error("refused here")) : Promise.resolve({});
+};
+"""
+
+
+async def test_interactions_actions_and_user_parts_render(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await seed_agent_parts(live_server.env["DATABASE_URL"])
+    await post(
+        api,
+        session_id,
+        {
+            "message": {
+                "content": [
+                    {"type": "context", "tag": "reference", "context": "Earlier <b>"},
+                    {"type": "image", "base64": PIXEL, "media_type": "image/png"},
+                    {"type": "text", "text": "go ahead"},
+                ]
+            }
+        },
+    )
+    await wait_idle(api, session_id)
+    await open_chat(page, live_server.url, session_id)
+    await wait_converged(page, api, session_id)
+    first = page.locator("#list > .message").nth(0)
+    tool = first.locator('.part[data-type="tool_call"]')
+    assert await tool.get_attribute("data-status") == "awaiting_approval"
+    interaction = first.locator('.part[data-type="interaction"]')
+    assert await interaction.get_attribute("data-status") == "pending"
+    assert (await interaction.locator(".prompt").text_content()) == "Delete /tmp/x?"
+    # The client has no respond() until the Interactions API exists: the buttons
+    # show, disabled, and say why.
+    for decision in ("approve", "deny"):
+        button = interaction.locator(f'button[data-decision="{decision}"]')
+        assert await button.is_disabled()
+        assert await button.get_attribute("title") == (
+            "Approvals are not available on this server"
+        )
+    action = page.locator("#list > .message").nth(1).locator(".part.action")
+    assert (await action.locator(".tool-name").text_content()) == "set_approval_mode"
+    assert json.loads((await action.locator("pre").text_content()) or "") == {
+        "approval_mode": "ask"
+    }
+    user = page.locator('#list > .message[data-role="user"]')
+    assert (await user.locator(".text-context").text_content()) == "Earlier <b>"
+    assert (await user.locator(".part.context .label").text_content()) == "<reference>"
+    # A base64 image shows (the policy admits data: images), a 1x1 pixel.
+    image = user.locator(".part.attachment img")
+    assert await image.evaluate("(img) => img.complete && img.naturalWidth") == 1
+
+    # With a client that has respond() (as the Interactions API will bring), the
+    # buttons send the decision; a refusal is shown beside them.
+    async def with_respond(route: "Route") -> None:
+        response = await route.fetch()
+        await route.fulfill(response=response, body=await response.text() + RESPOND)
+
+    await page.route("**/web/client/index.js", with_respond)
+    await open_chat(page, live_server.url, session_id)
+    interaction = page.locator('.part[data-type="interaction"]')
+    await interaction.locator('button[data-decision="deny"]').click()
+    await interaction.locator(".error-text").wait_for()
+    assert await interaction.locator(".error-text").text_content() == (
+        "Not sent: refused here"
+    )
+    await interaction.locator('button[data-decision="approve"]').click()
+    await page.wait_for_function("() => window.responded?.length === 2")
+    assert await page.evaluate("() => window.responded") == [
+        {"id": "interaction_1", "body": {"decision": "deny"}},
+        {"id": "interaction_1", "body": {"decision": "approve"}},
+    ]
+    assert await interaction.locator(".error-text").count() == 0
+    buttons = interaction.locator("button[data-decision]")
+    assert await buttons.evaluate_all(
+        "(bs) => bs.map((b) => [b.disabled, b.title])"
+    ) == [
+        [False, ""],
+        [False, ""],
+    ]
+
+
+# ---- escaping ----------------------------------------------------------------------------
+
+XSS = (
+    "<img src=x onerror=\"window.__xss='img'\">"
+    "<script>window.__xss='script'</script>"
+    "<a href=\"javascript:window.__xss='link'\">click</a> & &amp;"
+)
+
+
+async def test_markup_in_titles_and_messages_renders_as_text(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api, title=XSS)
+    await post(api, session_id, text_body(XSS))
+    await wait_idle(api, session_id)
+    await page.goto(f"{live_server.url}/sessions")
+    row = page.locator(f'tr[data-session-id="{session_id}"]')
+    assert (await row.locator("a").text_content()) == XSS
+    assert (await page.locator("#rows img, #rows script").count()) == 0
+    await open_chat(page, live_server.url, session_id)
+    shown = await wait_converged(page, api, session_id)
+    # The user's text, and the agent's echo of it, word for word.
+    assert [m["text"] for m in shown] == [XSS, XSS]
+    assert (await page.locator("#title").text_content()) == XSS
+    assert (await page.locator("#list img, #list script, #list a").count()) == 0
+    await page.locator("#list .text-body").first.click()
+    assert await page.evaluate("() => window.__xss") is None
+
+
+async def test_an_unknown_session_says_so(page: "Page", live_server: Server) -> None:
+    missing = format_id("session", uuid.uuid4())
+    await page.goto(f"{live_server.url}/sessions/{missing}/chat")
+    await page.wait_for_selector("#title:text('Session not found')")
+    assert await page.get_attribute("#status", "data-status") == "closed"
+    assert f"Session {missing} not found" in (
+        await page.locator("#notice").text_content() or ""
+    )
+    assert await page.is_disabled("#text")
+    assert await page.is_disabled("#send")
