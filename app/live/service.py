@@ -6,7 +6,7 @@ AppError raised before anything is held."""
 import uuid
 from collections.abc import Sequence
 
-from app.errors import InvalidParameter, SessionNotFound
+from app.errors import Draining, InvalidParameter, SessionNotFound
 from app.events import service as events_service
 from app.events.types import validate_types
 from app.ids import format_id, parse_or_400
@@ -62,6 +62,8 @@ async def open_upstream(
     """Upstream's `/sse`, resuming after `since_id`, `after_sequence` or the
     `Last-Event-ID` header (in that order). It ends when `key_hash` (the key the
     caller authenticated with) is revoked."""
+    if state.draining:
+        raise Draining("streams")
     type_filter = set(validate_types("types", types))
     exclude_filter = set(validate_types("exclude", exclude))
     if since_id is not None and after_sequence is not None:
@@ -117,6 +119,8 @@ async def open_mutations(
 ) -> EventStreamResponse:
     """The Mutation stream, resuming after `?after=` or the `Last-Event-ID` header. It
     ends when `key_hash` is revoked."""
+    if state.draining:
+        raise Draining("streams")
     header = _sequence(last_event_id, "Last-Event-ID") if last_event_id else None
     if after is not None:
         cursor = _sequence(after, "after") if after else None
