@@ -15,6 +15,7 @@ own keep-alive timeout.
 
 import asyncio
 import functools
+import signal
 import socket
 import sys
 from collections.abc import Callable
@@ -270,6 +271,12 @@ class DrainingServer(Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await drain.drain_all(stop_early=lambda: self.force_exit)
         await super().shutdown(sockets)
+        # uvicorn raises the signals it caught again once it has shut down, so SIGTERM
+        # would end the process as killed by it (exit -15, 143 in a shell). A stop that
+        # drained is a clean exit: status 0.
+        captured = getattr(self, "_captured_signals", None)
+        if isinstance(captured, list) and not self.force_exit:
+            captured[:] = [s for s in captured if s != signal.SIGTERM]
 
 
 class DrainingProcess(Process):
