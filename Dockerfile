@@ -48,4 +48,6 @@ ENV DATABASE_URL=sqlite+aiosqlite:////data/evermirror.db \
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
   CMD ["evermirror", "probe", "ready"]
 ENTRYPOINT ["evermirror"]
+# `docker stop` sends SIGTERM (the default STOPSIGNAL): the server drains for up to
+# DRAIN_SECONDS (20) first; give it `docker stop -t 30` (compose: stop_grace_period).
 CMD ["serve", "--first-key"]

@@ -148,21 +148,30 @@ def serve(args: argparse.Namespace) -> int:
         # client could pick the address it is rate limited by.
         "proxy_headers": bool(settings.trusted_proxies),
         "forwarded_allow_ips": settings.trusted_proxies or None,
-        "timeout_graceful_shutdown": 5,
+        # After the drain (app/ops/drain.py, up to DRAIN_SECONDS, run by
+        # server.DrainingServer before this wait begins): the connections still open
+        # then have this long to finish. Streams and turns are gone by then, so it never
+        # cuts the drain short; a stop takes at most DRAIN_SECONDS + this + the
+        # lifespan's shutdown.
+        "timeout_graceful_shutdown": server.GRACEFUL_SHUTDOWN_SECONDS,
         # Read deadlines and problem+json for what uvicorn answers itself.
         "http": server.protocol(settings),
         # No WebSocket routes: an upgrade request is an ordinary request.
         "ws": "none",
     }
     if args.workers == 1:
-        uvicorn.run(create_app(settings), **common)
+        server.run(uvicorn.Config(create_app(settings), **common))
         return 0
     # Each worker builds its app from the environment (its own pool, LISTEN connection
     # and runner); migrations already ran here, once.
     os.environ["AUTO_MIGRATE"] = "false"
     # The workers share the service's budgets (rate and stream limits).
     os.environ.setdefault("EXPECTED_INSTANCES", str(args.workers))
-    uvicorn.run("app.main:create_app", factory=True, workers=args.workers, **common)
+    server.run(
+        uvicorn.Config(
+            "app.main:create_app", factory=True, workers=args.workers, **common
+        )
+    )
     return 0
 
 

@@ -148,6 +148,24 @@ class Unavailable(AppError):
     code = "unavailable"
 
 
+# A draining process's answer: another process (behind the same address) takes the
+# request at once, so the client is told to retry almost immediately.
+DRAINING_RETRY_AFTER_SECONDS = 1
+
+
+class Draining(Unavailable):
+    """This process is shutting down (SIGTERM): it takes no new turn or stream."""
+
+    code = "draining"
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"This server is shutting down and takes no new {what}; retry (another "
+            "server answers)",
+            retry_after_seconds=DRAINING_RETRY_AFTER_SECONDS,
+        )
+
+
 class SessionNotFound(NotFound):
     code = "session_not_found"
     title = "Not Found"

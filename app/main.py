@@ -46,7 +46,7 @@ from app.metrics import (
     answer as answer_metrics,
     serve_port as serve_metrics_port,
 )
-from app.ops import logs
+from app.ops import drain, logs
 from app.ops.ready import readiness
 from app.runner.runner import TurnRunner
 from app.schemas import JSON_VALUE_SCHEMA
@@ -160,6 +160,13 @@ def watch(metrics: Metrics, state: AppState) -> None:
         (),
         lambda: [((), float(len(runner.tasks)))],
     )
+    metrics.read(
+        GaugeMetricFamily,
+        "evermirror_draining",
+        "1 while this process drains before it stops (SIGTERM), else 0",
+        (),
+        lambda: [((), float(state.draining))],
+    )
     checked_out = getattr(state.database.writer.sync_engine.pool, "checkedout", None)
     if checked_out is not None:
         metrics.read(
@@ -245,9 +252,11 @@ def create_app(settings: Settings | None = None) -> Service:
                     metrics, settings.host, settings.metrics_port
                 )
         hot.state = state
+        drain.register(state)
         try:
             yield
         finally:
+            drain.unregister(state)
             hot.state = None
             if metrics_server is not None:
                 metrics_server.close()
@@ -340,7 +349,16 @@ def create_app(settings: Settings | None = None) -> Service:
         head, and the bus listens. `503` problem+json (`code: not_ready`, with
         `checks`) otherwise. Like `/health`, it needs no API key and is never rate
         limited."""
-        report = await readiness(request.app.state.app)
+        state = request.app.state.app
+        if state.draining:
+            # Shutting down: load balancers stop sending traffic here (app/ops/drain.py).
+            return problem_response(
+                503,
+                detail="shutting down (draining)",
+                code="draining",
+                extra={"checks": {"draining": "shutting down"}},
+            )
+        report = await readiness(state)
         if report.ready:
             return Ready(checks=report.checks)
         return problem_response(

@@ -1,4 +1,5 @@
-"""The HTTP protocol `serve` runs: uvicorn's httptools protocol with read deadlines and a
+"""The server `serve` runs: uvicorn's, draining first when it stops (`DrainingServer`),
+and its HTTP protocol: uvicorn's httptools protocol with read deadlines and a
 header size cap, and problem+json for the answers uvicorn writes itself.
 
 uvicorn has no header or body read deadline: a client that sends half a request line, or
@@ -14,16 +15,22 @@ own keep-alive timeout.
 
 import asyncio
 import functools
+import signal
+import socket
+import sys
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, cast
 
 from starlette.responses import Response
-from uvicorn.config import Config
+from uvicorn.config import STARTUP_FAILURE, Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.server import ServerState
+from uvicorn.server import Server, ServerState
+from uvicorn.supervisors import multiprocess
+from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 from app.errors import problem_response
+from app.ops import drain
 from app.settings import Settings
 
 
@@ -245,3 +252,57 @@ def protocol(settings: Settings) -> type[asyncio.Protocol]:
             max_header_bytes=settings.max_header_bytes,
         ),
     )
+
+
+# ---- the graceful drain -------------------------------------------------------------
+
+# What uvicorn waits for the connections left after the drain before it cancels them.
+GRACEFUL_SHUTDOWN_SECONDS = 5
+
+
+class DrainingServer(Server):
+    """uvicorn's server, draining the application (app/ops/drain.py) when it is told to
+    stop, before uvicorn's own shutdown: that one first asks every connection to close
+    and waits only `timeout_graceful_shutdown` for them, and the lifespan shutdown
+    runs after it, too late to move streams and turns elsewhere. The listening sockets
+    stay open while it drains: new requests are answered, 503 where they would start a
+    turn or a stream, and /ready tells the load balancer to move away."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await drain.drain_all(stop_early=lambda: self.force_exit)
+        await super().shutdown(sockets)
+        # uvicorn raises the signals it caught again once it has shut down, so SIGTERM
+        # would end the process as killed by it (exit -15, 143 in a shell). A stop that
+        # drained is a clean exit: status 0.
+        captured = getattr(self, "_captured_signals", None)
+        if isinstance(captured, list) and not self.force_exit:
+            captured[:] = [s for s in captured if s != signal.SIGTERM]
+
+
+class DrainingProcess(Process):
+    """A `--workers` worker running a DrainingServer. Pickled into the worker by
+    reference to this module, so the worker builds its server from it too."""
+
+    @property
+    def server(self) -> Server:
+        if self._server is None:
+            self._server = DrainingServer(config=self.config)
+        return self._server
+
+
+def run(config: Config) -> None:
+    """Serve as `uvicorn.run` does, with DrainingServer: in this process, or with
+    `config.workers` worker processes, each of which drains itself on its own SIGTERM
+    (the supervisor sends it to each, and waits for each to exit)."""
+    if config.workers > 1:
+        sock = config.bind_socket()
+        # uvicorn's supervisor creates its workers as `Process(...)`, with no way to
+        # pass a class: name ours to it (this supervising process only).
+        multiprocess.Process = DrainingProcess  # type: ignore[misc]
+        Multiprocess(config, sockets=[sock]).run()
+        return
+    config.load_app()
+    server = DrainingServer(config=config)
+    server.run()
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)

@@ -128,6 +128,13 @@ class Settings(BaseSettings):
     # A message that would start one more is answered 429; 0 disables a cap.
     max_running_turns_per_org: int = Field(default=100, ge=0)
     max_running_turns_per_process: int = Field(default=500, ge=0)
+    # Graceful drain on SIGTERM: how long running turns may go on finishing (new turns
+    # and streams are refused, open streams told to reconnect elsewhere at once) before
+    # the rest are interrupted and handed to another process. An orchestrator's grace
+    # period must be longer (compose's stop_grace_period, Kubernetes'
+    # terminationGracePeriodSeconds): DRAIN_SECONDS + 10 leaves room for the rest of the
+    # shutdown.
+    drain_seconds: float = Field(default=20.0, ge=0)
 
     @field_validator("database_url")
     @classmethod

@@ -29,3 +29,6 @@ class AppState:
     runner: "TurnRunner"
     limits: "StreamLimits"
     admission: "TurnAdmission"
+    # Set once, when the graceful drain begins (app/ops/drain.py): new streams and
+    # turns are refused and /ready answers 503. One attribute read per stream open.
+    draining: bool = False

@@ -246,6 +246,8 @@ class Fanout:
         self.writers: set[StreamWriter] = set()
         # Subscribers dropped for reading too slowly (a metric).
         self.dropped = 0
+        # Streams `cycle_all` told (only while the process drains).
+        self._cycled: set[Subscription] = set()
         self._timer: asyncio.Task[None] | None = None
 
     # ---- bus side ------------------------------------------------------------------
@@ -407,6 +409,21 @@ class Fanout:
                     elif now >= sub.next_heartbeat:
                         sub.next_heartbeat = now + self.heartbeat_seconds
                         sub.offer(HEARTBEAT)
+
+    def cycle_all(self) -> int:
+        """End every local stream's connection cycle now, as the timer does at its
+        deadline (`disconnecting` with the retry hint, on the streams that send one):
+        the drain's way of moving clients to another process. Called again while the
+        drain lasts, it tells only streams opened since. Returns how many it told."""
+        told = 0
+        for channel in tuple(self.channels.values()):
+            for sub in tuple(channel.subscribers):
+                if sub not in self._cycled:
+                    self._cycled.add(sub)
+                    sub.deadline = float("inf")
+                    sub.offer(CYCLE)
+                    told += 1
+        return told
 
     async def close(self) -> None:
         tasks = [c.task for c in self.channels.values() if c.task is not None]

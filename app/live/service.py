@@ -6,7 +6,7 @@ AppError raised before anything is held."""
 import uuid
 from collections.abc import Sequence
 
-from app.errors import InvalidParameter, SessionNotFound
+from app.errors import Draining, InvalidParameter, SessionNotFound
 from app.events import service as events_service
 from app.events.types import validate_types
 from app.ids import format_id, parse_or_400
@@ -64,6 +64,8 @@ async def open_upstream(
     opened with (`?after_sequence=0` included) and sends the last `id:` it saw, which
     is the newer position. It ends when `key_hash` (the key the caller authenticated
     with) is revoked."""
+    if state.draining:
+        raise Draining("streams")
     type_filter = set(validate_types("types", types))
     exclude_filter = set(validate_types("exclude", exclude))
     if since_id is not None and after_sequence is not None:
@@ -117,6 +119,8 @@ async def open_mutations(
     (the header wins, as on `/sse`: an EventSource reconnects to its original URL,
     `?after=0` included, with the last cursor it saw). It ends when `key_hash` is
     revoked."""
+    if state.draining:
+        raise Draining("streams")
     # Both are parsed even when the header wins: a malformed cursor is a bad request.
     query = _sequence(after, "after") if after else None
     cursor = _sequence(last_event_id, "Last-Event-ID") if last_event_id else query

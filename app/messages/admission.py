@@ -1,6 +1,9 @@
 """Admission of new turns: a message that would start a turn is refused (`429` with
 `Retry-After`, nothing written) while its organization, or this process, already runs
-as many turns as allowed. A message that steers a running turn is never refused here.
+as many turns as allowed, and (`503` with `Retry-After`) while this process drains. A
+message that steers a running turn is never refused here: it is a durable write the
+turn (or whichever process takes it over) reads at its next step, whether this process
+drains or not.
 
 Per organization the count is the database's (sessions with a running turn, across
 every process), taken under a per-organization lock for the rest of the unit of work
@@ -15,7 +18,7 @@ import uuid
 from collections.abc import Callable, Collection
 
 from app.db.writes import LockedSession, Write
-from app.errors import TooManyRequests
+from app.errors import Draining, TooManyRequests
 from app.sessions import service as sessions_service
 
 # Turns take seconds to minutes; a client told to come back sooner would only be refused
@@ -43,6 +46,8 @@ class TurnAdmission:
         # The sessions whose turn this process's runner runs.
         self.running = running
         self._admitted: dict[uuid.UUID, float] = {}
+        # Set when the process drains (app/ops/drain.py): it starts no new turn.
+        self.draining = False
 
     def _running_here(self, now: float) -> int:
         running = self.running()
@@ -53,7 +58,9 @@ class TurnAdmission:
 
     async def admit(self, db: Write, session: LockedSession) -> None:
         """Called under the session's row lock, before a message starts a turn on it.
-        Raises TooManyTurns."""
+        Raises TooManyTurns, or Draining."""
+        if self.draining:
+            raise Draining("turns")
         now = time.monotonic()
         if self.per_process and self._running_here(now) >= self.per_process:
             raise TooManyTurns(

@@ -184,6 +184,10 @@ class TurnRunner:
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self.is_distributed = settings.database_url.startswith("postgresql")
+        # Set when the process drains (app/ops/drain.py): it starts no session's runner;
+        # the sessions it was asked to run meanwhile are handed over with the rest.
+        self.draining = False
+        self.handoff: set[uuid.UUID] = set()
 
     # ---- lifecycle -----------------------------------------------------------------
 
@@ -209,6 +213,31 @@ class TurnRunner:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.leases.stop()
+
+    async def interrupt(self) -> list[uuid.UUID]:
+        """Stop every turn running here, as shutting down does: each is left as it last
+        committed, its lease released, for another process (or start-up recovery) to
+        take over. Returns their sessions."""
+        sessions = list(self.tasks)
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        return sessions
+
+    async def hand_over(self, sessions: set[uuid.UUID]) -> None:
+        """Announce sessions whose lease this process released with their turn unfinished
+        (PostgreSQL): another process's runner takes each over at once (`Kick`), rather
+        than its sweeper closing the turn as interrupted. A cleanly released lease is
+        free, and the taker's first checkpoint claims the runner epoch, so nothing more
+        is needed; the taker resumes the open agent message (see `_resume`)."""
+        if not self.is_distributed:
+            return
+        for session_id in sessions:
+            with contextlib.suppress(Exception):
+                await self.bus.publish(Kick(session_id))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -243,6 +272,9 @@ class TurnRunner:
         """Run the session's active turn here, unless this process already does."""
         if session_id in self.tasks:
             self.rekick.add(session_id)
+            return
+        if self.draining:
+            self.handoff.add(session_id)
             return
         task = asyncio.create_task(
             self._run_session(session_id), name=f"turn-{session_id.hex}"
@@ -489,6 +521,7 @@ class TurnRunner:
         # How the turn ended here, for its log line (left to recovery unless set).
         outcome = "interrupted"
         try:
+            await self._resume(turn)
             while True:
                 turn.iteration += 1
                 history, turn.consumed, cancelled = await self._retrying(
@@ -605,6 +638,24 @@ class TurnRunner:
                 (time.monotonic() - turn.started) * 1000,
             )
         return outcome
+
+    async def _resume(self, turn: TurnProgress) -> None:
+        """A turn another runner left unfinished (it drained, or lost its lease) goes on
+        in the agent message it opened: the steps it committed stay, and the step it was
+        streaming is run again from that message's last revision (its live parts were
+        never committed; the same part ids start again from the beginning)."""
+
+        async def read() -> MessageRow | None:
+            async with self.database.write() as db:
+                rows = await db.streaming_messages(turn.session_id)
+            return next((m for m in rows if m.turn_id == turn.turn_id), None)
+
+        message = await self._retrying(read)
+        if message is None:
+            return
+        turn.message = message
+        turn.iteration = len({p["step_id"] for p in message.content if "step_id" in p})
+        log.info("turn resumed after step %d, taken over", turn.iteration)
 
     async def _write_open(
         self, turn: TurnProgress, db: Write, session: LockedSession
