@@ -22,9 +22,9 @@ function json(value) {
 }
 
 /** A text part's text with its citations: each cited span is marked and numbered by
- * its source, and the sources are listed under the text. Offsets count code points
- * (upstream's "char offset"); spans out of range or overlapping an earlier one are
- * not marked. */
+ * its source, and the sources are listed under the text. Offsets count UTF-16 code
+ * units, as the stream's delta offsets do (what String.length and slice count); spans
+ * out of range or overlapping an earlier one are not marked. */
 function textPart(part) {
   const text = typeof part.text === "string" ? part.text : "";
   const annotations = Array.isArray(part.annotations) ? part.annotations : [];
@@ -33,7 +33,6 @@ function textPart(part) {
     body.textContent = text;
     return [body];
   }
-  const chars = Array.from(text);
   const sources = new Map(); // uri (or title) -> {number, source, verified}
   const numberOf = (annotation) => {
     const source = annotation?.source ?? {};
@@ -42,25 +41,25 @@ function textPart(part) {
     return sources.get(key).number;
   };
   const spans = annotations
-    .filter((a) => a && Number.isInteger(a.start) && Number.isInteger(a.end) && a.start >= 0 && a.start < a.end && a.end <= chars.length)
+    .filter((a) => a && Number.isInteger(a.start) && Number.isInteger(a.end) && a.start >= 0 && a.start < a.end && a.end <= text.length)
     .sort((a, b) => a.start - b.start || b.end - a.end);
   let at = 0;
   for (const annotation of spans) {
     const number = numberOf(annotation);
     if (annotation.start < at) continue;
-    if (annotation.start > at) body.append(chars.slice(at, annotation.start).join(""));
+    if (annotation.start > at) body.append(text.slice(at, annotation.start));
     const title = annotation.source?.title ?? annotation.source?.uri;
     body.append(
       el("mark", {
         class: "cited",
         dataset: { ref: number },
         title: title === undefined ? undefined : String(title),
-        text: chars.slice(annotation.start, annotation.end).join(""),
+        text: text.slice(annotation.start, annotation.end),
       }),
     );
     at = annotation.end;
   }
-  if (at < chars.length) body.append(chars.slice(at).join(""));
+  if (at < text.length) body.append(text.slice(at));
   for (const annotation of annotations) if (annotation?.source) numberOf(annotation);
   const list = el(
     "ol",
