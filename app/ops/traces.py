@@ -2,9 +2,9 @@
 OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set, the service
 sends OpenTelemetry spans to that collector over OTLP/HTTP (protobuf):
 
-- `GET /v1/sessions/{session_id}/messages` and every other request: a server span
-  named by method and route template (the hot routes of app/hot.py and FastAPI's
-  alike), the child of the caller's W3C `traceparent` when it sends one. `/health`,
+- every request: a server span named by its method and route template as the
+  metrics label it (`GET /sessions/{session_id}/messages`; the hot routes of
+  app/hot.py and FastAPI's alike), the child of the caller's W3C `traceparent` when it sends one. `/health`,
   `/ready` and `/metrics` are not traced (probes and scrapes).
 - `checkpoint`: each write unit of work (`Database.write`), its COMMIT included.
 - `bus.deliver`: a committed checkpoint handed to the live side (wake-ups of this
@@ -182,8 +182,9 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def route_of(scope: Scope) -> str | None:
-    """The route template of a request: the one FastAPI's router matched, or a hot
-    route's path with its ids as parameters."""
+    """The route template of a request, as the metrics label it (app/metrics.py):
+    within the API, without its `/v1` or `/api/v1` prefix. The one FastAPI's router
+    matched, or a hot route's path with its ids as parameters."""
     route = scope.get("route")
     if route is not None:
         path = getattr(route, "path", None)
@@ -191,6 +192,7 @@ def route_of(scope: Scope) -> str | None:
     path = scope["path"]
     if PATH_IDS.search(path) is None:
         return None
+    path = path.removeprefix("/api").removeprefix("/v1")
     return PATH_IDS.sub(lambda match: "{" + match.group(1) + "_id}", path)
 
 
