@@ -247,7 +247,7 @@ async def main():
             await client.post(
                 f"/v1/sessions/{sid}/messages",
                 json={"message": {"content": [{"type": "text", "text": "hi"}]}},
-                headers={"traceparent": "00-%s-%s-01"},
+                headers={"traceparent": "TRACEPARENT"},
             )
             for _ in range(200):
                 session = (await client.get(f"/v1/sessions/{sid}")).json()
@@ -265,7 +265,7 @@ async def main():
     }))
 
 asyncio.run(main())
-""" % (TRACE_ID, PARENT_ID)
+""".replace("TRACEPARENT", f"00-{TRACE_ID}-{PARENT_ID}-01")
 
 BLOCK_OTEL = """
 import sys
