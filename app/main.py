@@ -46,7 +46,7 @@ from app.metrics import (
     answer as answer_metrics,
     serve_port as serve_metrics_port,
 )
-from app.ops import drain, logs
+from app.ops import drain, logs, traces
 from app.ops.ready import readiness
 from app.runner.runner import TurnRunner
 from app.schemas import JSON_VALUE_SCHEMA
@@ -129,6 +129,18 @@ class Service(FastAPI):
         await super().__call__(scope, receive, timed)
 
 
+class TracedService(Service):
+    """The application while tracing is on (app/ops/traces.py): every HTTP request is
+    answered inside its span. A plain `Service` otherwise, so untraced requests pay
+    nothing for it."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        await traces.serve(super().__call__, scope, receive, send)
+
+
 def watch(metrics: Metrics, state: AppState) -> None:
     """The series read from the objects that hold them, when a scrape comes."""
     limits, fanout, runner = state.limits, state.fanout, state.runner
@@ -182,6 +194,7 @@ def create_app(settings: Settings | None = None) -> Service:
     settings = settings or get_settings()
     limiter = RateLimiter.from_settings(settings)
     metrics = Metrics() if settings.metrics_enabled else None
+    traced = traces.from_environment(VERSION)
     hot = HotRoutes(
         limiter,
         cors=bool(settings.cors_origins),
@@ -193,7 +206,9 @@ def create_app(settings: Settings | None = None) -> Service:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.should_auto_migrate:
             await asyncio.to_thread(upgrade, settings.database_url)
-        database = Database.from_settings(settings)
+        database = (traces.database_class() if traced else Database).from_settings(
+            settings
+        )
         reads = create_reads(settings)
         await reads.start()
         cache = PageCache(settings.page_cache_bytes)
@@ -217,7 +232,7 @@ def create_app(settings: Settings | None = None) -> Service:
         bus.local_commit = dispatcher.committed_here
         await bus.start()
         fanout.start()
-        database.hooks = bus
+        database.hooks = traces.hooks(bus)
         state = AppState(
             settings=settings,
             database=database,
@@ -268,8 +283,9 @@ def create_app(settings: Settings | None = None) -> Service:
             await bus.stop()
             await reads.close()
             await database.dispose()
+            traces.flush()
 
-    app = Service(
+    app = (TracedService if traced else Service)(
         title="evermirror",
         version=VERSION,
         description=(app_doc or "").strip(),

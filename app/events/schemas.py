@@ -10,6 +10,21 @@ from app.schemas import Schema
 class EventContext(Schema):
     turn_id: str | None = None
     input_message_id: str | None = None
+    # Present only while the service sends traces (app/ops/traces.py): the span of the
+    # checkpoint that wrote the event, in W3C hex.
+    trace_id: str | None = Field(
+        default=None,
+        description="Trace of the request or turn that wrote this event (W3C hex, "
+        "32 digits); only while the service sends traces.",
+    )
+    span_id: str | None = Field(
+        default=None,
+        description="Span of the checkpoint that wrote this event (16 hex digits).",
+    )
+    parent_span_id: str | None = Field(
+        default=None,
+        description="That checkpoint's parent span: the request's or the turn's.",
+    )
 
 
 class Event(Schema):

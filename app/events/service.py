@@ -15,6 +15,7 @@ from app.db.dialect import json_text
 from app.db.writes import EventRow
 from app.errors import InvalidParameter
 from app.ids import format_id, uuid7
+from app.ops import traces
 from app.sessions.service import session_not_found
 
 
@@ -58,12 +59,15 @@ def render_event(
     sequence: int | None,
     spec: EventSpec,
     ts: Any,
+    traced: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     context: dict[str, str] = {}
     if spec.turn_id is not None:
         context["turn_id"] = format_id("turn", spec.turn_id)
     if spec.input_message_id is not None:
         context["input_message_id"] = format_id("message", spec.input_message_id)
+    if traced is not None:
+        context.update(traced)
     body: dict[str, Any] = {
         "id": format_id("event", event_id),
         "type": spec.type,
@@ -80,7 +84,10 @@ def render_event(
 def render_event_rows(
     session_id: uuid.UUID, first: int, specs: Sequence[EventSpec], now: datetime
 ) -> list[EventRow]:
-    """The rows of events numbered from `first`, each with its wire JSON rendered."""
+    """The rows of events numbered from `first`, each with its wire JSON rendered.
+    While tracing is on, their context names the span that writes them (the
+    checkpoint's: app/ops/traces.py)."""
+    traced = None if traces.tracer is None else traces.event_context()
     rows = []
     for offset, spec in enumerate(specs):
         event_id = uuid7()
@@ -91,6 +98,7 @@ def render_event_rows(
             sequence=sequence,
             spec=spec,
             ts=now,
+            traced=traced,
         )
         rows.append(
             EventRow(

@@ -43,7 +43,7 @@ from app.live.items import (
 )
 from app.messages import checkpoint
 from app.metrics import Metrics
-from app.ops import logs
+from app.ops import logs, traces
 from app.runner.drivers import (
     Annotations,
     ModelError,
@@ -188,6 +188,9 @@ class TurnRunner:
         # the sessions it was asked to run meanwhile are handed over with the rest.
         self.draining = False
         self.handoff: set[uuid.UUID] = set()
+        # While tracing is on: the trace context of what kicked each session (the
+        # request whose commit started its turn), the parent of the turn's span.
+        self.origins: dict[uuid.UUID, Any] = {}
 
     # ---- lifecycle -----------------------------------------------------------------
 
@@ -270,6 +273,10 @@ class TurnRunner:
 
     def kick(self, session_id: uuid.UUID) -> None:
         """Run the session's active turn here, unless this process already does."""
+        if traces.tracer is not None:
+            origin = traces.capture()
+            if origin is not None:
+                self.origins[session_id] = origin
         if session_id in self.tasks:
             self.rekick.add(session_id)
             return
@@ -286,6 +293,7 @@ class TurnRunner:
         # lines are the session's and its turns', not that request's.
         logs.REQUEST_ID.set(None)
         logs.SESSION_ID.set(format_id("session", session_id))
+        traces.detach()
         try:
             acquired = False
             # Another process may be finishing this session's previous turn; it re-checks
@@ -306,7 +314,19 @@ class TurnRunner:
                     if turn_id is None:
                         break
                     started = time.monotonic()
-                    outcome = await self._run_turn(session_id, turn_id, max_iterations)
+                    with traces.span(
+                        "turn",
+                        {
+                            "evermirror.session_id": format_id("session", session_id),
+                            "evermirror.turn_id": format_id("turn", turn_id),
+                        },
+                        parent=self.origins.pop(session_id, None),
+                    ) as turn_span:
+                        outcome = await self._run_turn(
+                            session_id, turn_id, max_iterations
+                        )
+                        if turn_span is not None:
+                            turn_span.set_attribute("evermirror.turn.outcome", outcome)
                     if self.metrics is not None:
                         self.metrics.turns.observe(
                             (outcome,), time.monotonic() - started
@@ -323,6 +343,8 @@ class TurnRunner:
             log.exception("runner for session %s failed", session_id)
         finally:
             self.tasks.pop(session_id, None)
+            if session_id not in self.rekick:
+                self.origins.pop(session_id, None)
             if session_id in self.rekick:
                 self.rekick.discard(session_id)
                 self.kick(session_id)
@@ -542,9 +564,20 @@ class TurnRunner:
                     len(turn.message.content) + 1,
                 )
                 self.live[step.message_id] = step
-                tool_calls = await self._stream_step(
-                    step, Turn(history, turn.iteration, tool_results), watch
-                )
+                with traces.span(
+                    "model.step",
+                    {
+                        "gen_ai.system": self.driver.name,
+                        "evermirror.step": turn.iteration,
+                    },
+                ) as step_span:
+                    tool_calls = await self._stream_step(
+                        step, Turn(history, turn.iteration, tool_results), watch
+                    )
+                    if step_span is not None:
+                        step_span.set_attribute(
+                            "evermirror.step.tool_calls", len(tool_calls)
+                        )
                 last = turn.iteration >= max_iterations
                 turn.message = await self._checkpoint(
                     session_id,
@@ -553,7 +586,8 @@ class TurnRunner:
                 )
                 assert turn.message is not None
                 self.live.pop(step.message_id, None)
-                await self.bus.publish(StepEnded(session_id, step.message_id))
+                with traces.span("bus.publish", {"evermirror.bus.item": "step_ended"}):
+                    await self.bus.publish(StepEnded(session_id, step.message_id))
                 if turn.message.state == "done":
                     outcome = "completed"
                     return outcome
