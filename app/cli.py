@@ -156,6 +156,7 @@ def serve(args: argparse.Namespace) -> int:
         "timeout_graceful_shutdown": server.GRACEFUL_SHUTDOWN_SECONDS,
         # Read deadlines and problem+json for what uvicorn answers itself.
         "http": server.protocol(settings),
+        "timeout_keep_alive": settings.keep_alive_seconds,
         # No WebSocket routes: an upgrade request is an ordinary request.
         "ws": "none",
     }

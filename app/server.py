@@ -10,7 +10,7 @@ connection, for the first request), and its complete body within `body_timeout` 
 of its header; otherwise it is answered `408` and the connection closed. Nothing runs
 while a response streams: the deadlines cover reading requests only, so an SSE response
 lasts as long as its stream. A connection idle between requests is closed by uvicorn's
-own keep-alive timeout.
+own keep-alive timeout (`KEEP_ALIVE_SECONDS`).
 """
 
 import asyncio

@@ -91,6 +91,11 @@ class Settings(BaseSettings):
     # 408 and the connection closed. Responses, streams included, are not timed.
     header_read_timeout_seconds: float = 10.0
     body_read_timeout_seconds: float = 10.0
+    # How long an idle keep-alive connection stays open between requests. Longer than
+    # the idle timeouts of clients' pools (httpx, browsers, the SDKs: 5 s or more) and
+    # of load balancers (commonly 60 s): when the server closes first, a request the
+    # client sent on the dying connection at that moment fails.
+    keep_alive_seconds: float = Field(default=75.0, gt=0)
     # A request header larger than this is answered 431 (uvicorn sets no limit).
     max_header_bytes: int = 65_536
     # Browser origins allowed to call the API and open the streams (CORS); none by default.
