@@ -152,7 +152,7 @@ class Metrics(Collector):
         self.checkpoints = Histograms(
             "evermirror_checkpoint_commit_seconds",
             "Durable write transactions (checkpoints and other writes): time of the "
-            "COMMIT, by outcome",
+            "COMMIT (or of the ROLLBACK), by outcome",
             ("outcome",),
             LATENCY_BUCKETS,
         )

@@ -65,9 +65,12 @@ class Database:
                     ("committed",), time.perf_counter() - started
                 )
         except BaseException:
-            if self.metrics is not None and db.began:
-                self.metrics.checkpoints.observe(("rolled_back",), 0.0)
+            began, started = db.began, time.perf_counter()
             await db.rollback()
+            if self.metrics is not None and began:
+                self.metrics.checkpoints.observe(
+                    ("rolled_back",), time.perf_counter() - started
+                )
             raise
         finally:
             await db.close()

@@ -26,7 +26,25 @@ if TYPE_CHECKING:
     from evermirror_client._sync import SyncStart
 
 
-class Evermirror:
+class Closing:
+    """`async with` closes it (`aclose`)."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class Evermirror(Closing):
     """A client of one evermirror service.
 
     `base_url` is the service's address without `/v1`; `api_key` is sent as
@@ -57,17 +75,6 @@ class Evermirror:
         self.max_retry_seconds = max_retry_seconds
         # A stream with no byte (not even a heartbeat) for this long is reconnected.
         self.idle_timeout = idle_timeout
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         if self._owns_http:
@@ -339,7 +346,7 @@ class Session:
             yield Stream(events)
 
 
-class Subscription:
+class Subscription(Closing):
     """`session.subscribe()`: iterate it for Mutations (`async for m in sub`); it
     reconnects after a close or a network failure, and raises EvermirrorError when the
     service refuses the stream for good (401, 404, ...). Close it with `aclose()` or
@@ -359,17 +366,6 @@ class Subscription:
 
     async def __anext__(self) -> Mutation:
         return await self._iterator.__anext__()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         await self._iterator.aclose()

@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 import httpx
 
-from evermirror_client._client import Session, Stream
+from evermirror_client._client import Closing, Session, Stream
 from evermirror_client._errors import EvermirrorError
 from evermirror_client._types import (
     DeltaMutation,
@@ -63,7 +63,7 @@ class _Attempt:
     reset: bool = False
 
 
-class SyncView:
+class SyncView(Closing):
     """The live view. `messages` is the list of messages in order, live parts included;
     `status` is connecting, live, reconnecting (what is shown is provisional) or
     closed. Close it with `aclose()` (or use it as an async context manager)."""
@@ -177,17 +177,6 @@ class SyncView:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def _changed(self) -> None:
         self._dirty = True
