@@ -168,7 +168,9 @@ async def test_waits_share_the_stream_limits(api: httpx.AsyncClient) -> None:
     # Two waits are open on this session: a third is refused and stores nothing.
     before = await list_messages(api, sid)
     refused = await post_wait(api, sid, "never stored")
-    assert_too_many(refused)
+    assert_too_many(
+        refused, detail="per-session wait limit reached (open streams and waits)"
+    )
     after = await list_messages(api, sid)
     assert after["total"] == before["total"]
     assert not any(text_of(m) == "never stored" for m in after["data"])
