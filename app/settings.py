@@ -122,6 +122,12 @@ class Settings(BaseSettings):
     # Turn runner.
     model_driver: Literal["scripted"] = "scripted"
     scripted_delay_ms: int = 20
+    # The model catalog (app/catalog): a JSON file of the models sessions and messages
+    # may select; unset, the catalog is the configured driver's one model.
+    models_file: str | None = None
+    # The context size, in tokens, of the default model (and of a MODELS_FILE entry
+    # that does not say).
+    model_context_tokens: int = Field(default=128_000, ge=1_000, le=10_000_000)
     # PostgreSQL: how often a node sweeps for turns whose runner died, and how long a
     # runner must have gone without renewing its lease before another node takes the
     # turn over. The lease is renewed every fifth of it (at least once a second).

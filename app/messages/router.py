@@ -72,6 +72,8 @@ async def create_message(
     if timeout_ms is not None and not 1 <= timeout_ms <= WAIT_MAX_MS:
         raise InvalidParameter(f"timeout_ms: must be between 1 and {WAIT_MAX_MS}")
     guards.check_message(data, state.settings)
+    if data.controls is not None:
+        state.catalog.require(data.controls.model_id, "controls.model_id")
     # A wait is admitted before anything is written: a refused one changes nothing.
     slot = state.limits.acquire(session_id, "wait") if wait else None
     try:
