@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.ops import logs
-from app.settings import Settings, get_settings
+from app.settings import Settings, describe_error, get_settings
 
 log = logging.getLogger("app.cli")
 
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = get_settings()
     except ValidationError as exc:
-        print(f"invalid configuration: {exc}", file=sys.stderr)
+        print(f"invalid configuration: {describe_error(exc)}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level, settings.log_format)
     code: int = args.func(args)
