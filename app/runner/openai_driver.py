@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-import httpx2
 import openai
 
 from app.db.types import utcnow
@@ -111,7 +110,10 @@ def classify(exc: Exception) -> ProviderError:
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         retryable = status in RETRIED_STATUSES or status >= 500
-        detail = exc.message or exc.response.reason_phrase
+        body = exc.body.get("error", exc.body) if isinstance(exc.body, dict) else None
+        detail = (
+            body.get("message") if isinstance(body, dict) else None
+        ) or exc.response.reason_phrase
         return ProviderError(
             str(status),
             f"The model provider answered {status}: {detail}",
@@ -175,7 +177,7 @@ class OpenAIDriver:
             base_url=settings.openai_base_url,
             # Local servers take any key; the client refuses to start without one.
             api_key=settings.openai_api_key or "none",
-            timeout=httpx2.Timeout(settings.model_timeout_seconds),
+            timeout=settings.model_timeout_seconds,
             max_retries=0,
         )
 
