@@ -54,14 +54,14 @@ class FakeOpenAI:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def for_text(self, text: str) -> list[Recorded]:
-        return [
-            r for r in self.requests if _last_user(r.body["messages"]) == text
-        ]
+        return [r for r in self.requests if _last_user(r.body["messages"]) == text]
 
     # ---- running -----------------------------------------------------------------
 
     def start(self) -> "FakeOpenAI":
-        app = Starlette(routes=[Route("/v1/chat/completions", self._completions, methods=["POST"])])
+        app = Starlette(
+            routes=[Route("/v1/chat/completions", self._completions, methods=["POST"])]
+        )
         config = uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
         )
@@ -107,15 +107,21 @@ class FakeOpenAI:
             media_type="text/event-stream",
         )
 
-    def _script(self, scenario: str, attempt: int, has_results: int) -> list[dict[str, Any]]:
+    def _script(
+        self, scenario: str, attempt: int, has_results: int
+    ) -> list[dict[str, Any]]:
         if scenario == "tools":
             if has_results:
                 return _text_chunks(["Both ", "lookups ", "returned ", "42."], "stop")
             return [
-                _delta({"role": "assistant", "content": None, "reasoning_content": "Two "}),
+                _delta(
+                    {"role": "assistant", "content": None, "reasoning_content": "Two "}
+                ),
                 _delta({"reasoning_content": "lookups needed."}),
                 _delta({"content": "Checking both."}),
-                _delta({"tool_calls": [_call_start(0, "call_alpha", "lookup", '{"qu')]}),
+                _delta(
+                    {"tool_calls": [_call_start(0, "call_alpha", "lookup", '{"qu')]}
+                ),
                 _delta({"tool_calls": [_call_more(0, 'ery": "Lis')]}),
                 _delta({"tool_calls": [_call_more(0, 'bon"}')]}),
                 _delta({"tool_calls": [_call_start(1, "call_beta", "lookup", "")]}),
@@ -128,7 +134,9 @@ class FakeOpenAI:
                 return _text_chunks(["Sorry, ", "my mistake."], "stop")
             return [
                 _delta({"role": "assistant", "content": None}),
-                _delta({"tool_calls": [_call_start(0, "call_bad", "lookup", '{"query": ')]}),
+                _delta(
+                    {"tool_calls": [_call_start(0, "call_bad", "lookup", '{"query": ')]}
+                ),
                 _delta({"tool_calls": [_call_more(0, "Lisbon}")]}),
                 _finish("tool_calls"),
             ]
@@ -166,7 +174,15 @@ class FakeOpenAI:
                     await asyncio.sleep(pause)
                 else:
                     await asyncio.sleep(0.005)
-                yield _sse({"id": ident, "object": "chat.completion.chunk", "created": 1, "model": MODEL, **chunk})
+                yield _sse(
+                    {
+                        "id": ident,
+                        "object": "chat.completion.chunk",
+                        "created": 1,
+                        "model": MODEL,
+                        **chunk,
+                    }
+                )
             if include_usage:
                 yield _sse(
                     {
@@ -195,7 +211,9 @@ def _last_user(messages: list[dict[str, Any]]) -> str:
         if message["role"] == "user":
             content = message["content"]
             if isinstance(content, list):
-                return " ".join(c.get("text", "") for c in content if c.get("type") == "text")
+                return " ".join(
+                    c.get("text", "") for c in content if c.get("type") == "text"
+                )
             return str(content)
     return ""
 

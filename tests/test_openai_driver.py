@@ -3,7 +3,6 @@ client over real HTTP, to a local server speaking the Chat Completions streaming
 protocol (tests/fake_openai.py). Nothing inside the service is mocked: the tests drive
 it over HTTP and read what it stored, streamed and sent to the model."""
 
-import asyncio
 import json
 import os
 import subprocess
@@ -11,6 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,6 +24,7 @@ from tests.helpers import (
     live_server_fixture,
     post_message,
     wait_idle,
+    wait_until,
 )
 from tests.sse_client import SSEReader
 
@@ -83,7 +84,7 @@ async def test_a_reply_streams_and_reports_usage(
 ) -> None:
     text = nonce("hello")
     sid, messages, events = await run(api, text, system_prompt=SYSTEM_PROMPT)
-    user, agent = messages
+    _, agent = messages
     assert agent["content"][0]["type"] == "text"
     assert agent["content"][0]["text"] == "Hello from the fake model."
     assert agent["phase"] == "final_answer"
@@ -142,7 +143,8 @@ async def test_two_tool_calls_a_retry_and_usage(
         )
         await mutations.wait_for(
             lambda frames: any(
-                f.event == "message" and f.json()["message"]["state"] == "done"
+                f.event == "message"
+                and f.json()["message"]["state"] == "done"
                 and f.json()["message"]["role"] == "agent"
                 for f in frames
             ),
@@ -154,11 +156,19 @@ async def test_two_tool_calls_a_retry_and_usage(
     messages = (await list_messages(api, sid))["data"]
     events = await list_events(api, sid)
     if TRANSCRIPT:
-        with open(TRANSCRIPT, "w") as out:
-            json.dump({"events": events, "live": [
-                {"event": f.event, "data": f.json()} for f in sse.frames
-                if f.event in ("llm.retry", "tool.call.input.delta")
-            ]}, out, indent=1)
+        with Path(TRANSCRIPT).open("w") as out:  # noqa: ASYNC230 (a test's record)
+            json.dump(
+                {
+                    "events": events,
+                    "live": [
+                        {"event": f.event, "data": f.json()}
+                        for f in sse.frames
+                        if f.event in ("llm.retry", "tool.call.input.delta")
+                    ],
+                },
+                out,
+                indent=1,
+            )
 
     # The first request was answered 429 (Retry-After: 0), the second streamed.
     requests = fake.for_text(text)
@@ -176,14 +186,26 @@ async def test_two_tool_calls_a_retry_and_usage(
     }
     (warning,) = mutations.events("warning")
     assert warning["kind"] == "model_retry"
-    assert (warning["attempt"], warning["code"], warning["will_retry"]) == (1, "429", True)
-    assert "Retry" in live_server.log.read_text() or "429" in live_server.log.read_text()
+    assert (warning["attempt"], warning["code"], warning["will_retry"]) == (
+        1,
+        "429",
+        True,
+    )
+    assert (
+        "Retry" in live_server.log.read_text() or "429" in live_server.log.read_text()
+    )
 
     # Tool input streamed live, keyed by the call, as it arrived in fragments.
-    inputs = [f.json() for f in mutations.frames if f.event == "delta" and f.json()["kind"] == "tool_input"]
+    inputs = [
+        f.json()
+        for f in mutations.frames
+        if f.event == "delta" and f.json()["kind"] == "tool_input"
+    ]
     by_call: dict[str, str] = {}
     for delta in inputs:
-        by_call[delta["tool_call_id"]] = by_call.get(delta["tool_call_id"], "") + delta["text"]
+        by_call[delta["tool_call_id"]] = (
+            by_call.get(delta["tool_call_id"], "") + delta["text"]
+        )
     assert by_call == {
         "call_alpha": '{"query": "Lisbon"}',
         "call_beta": '{"query": "Porto"}',
@@ -192,7 +214,8 @@ async def test_two_tool_calls_a_retry_and_usage(
     assert sse_inputs[-1]["data"]["tool_call_id"] == "call_beta"
     assert sse_inputs[-1]["data"]["accumulated"] == '{"query": "Porto"}'
     assert any(
-        f.event == "part" and f.json()["part"]["type"] == "tool_call"
+        f.event == "part"
+        and f.json()["part"]["type"] == "tool_call"
         and f.json()["part"]["status"] == "input_streaming"
         for f in mutations.frames
     )
@@ -212,10 +235,22 @@ async def test_two_tool_calls_a_retry_and_usage(
     assert reasoning["text"] == {"kind": "plain", "text": "Two lookups needed."}
     assert reasoning["provider"] == "openai"
     assert said["text"] == "Checking both."
-    assert (alpha["id"], alpha["arguments"], alpha["status"]) == ("call_alpha", {"query": "Lisbon"}, "completed")
-    assert (beta["id"], beta["arguments"], beta["status"]) == ("call_beta", {"query": "Porto"}, "completed")
+    assert (alpha["id"], alpha["arguments"], alpha["status"]) == (
+        "call_alpha",
+        {"query": "Lisbon"},
+        "completed",
+    )
+    assert (beta["id"], beta["arguments"], beta["status"]) == (
+        "call_beta",
+        {"query": "Porto"},
+        "completed",
+    )
     assert "input_text" not in alpha
-    assert r_alpha == {**r_alpha, "tool_call_id": "call_alpha", "result": {"query": "Lisbon", "answer": 42}}
+    assert r_alpha == {
+        **r_alpha,
+        "tool_call_id": "call_alpha",
+        "result": {"query": "Lisbon", "answer": 42},
+    }
     assert r_beta["tool_call_id"] == "call_beta"
     assert answer["text"] == "Both lookups returned 42."
 
@@ -224,7 +259,9 @@ async def test_two_tool_calls_a_retry_and_usage(
     assert second[-3]["role"] == "assistant"
     assert second[-3]["content"] == "Checking both."
     assert [c["id"] for c in second[-3]["tool_calls"]] == ["call_alpha", "call_beta"]
-    assert json.loads(second[-3]["tool_calls"][0]["function"]["arguments"]) == {"query": "Lisbon"}
+    assert json.loads(second[-3]["tool_calls"][0]["function"]["arguments"]) == {
+        "query": "Lisbon"
+    }
     assert [(m["role"], m["tool_call_id"]) for m in second[-2:]] == [
         ("tool", "call_alpha"),
         ("tool", "call_beta"),
@@ -236,14 +273,18 @@ async def test_two_tool_calls_a_retry_and_usage(
     completed = next(e for e in events if e["type"] == "turn.completed")["data"]
     assert completed["iterations"] == 2
     assert completed["tool_call_count"] == 2
-    assert completed["usage"] == {"input_tokens": 160, "output_tokens": 20, "cache_read_tokens": 40}
+    assert completed["usage"] == {
+        "input_tokens": 160,
+        "output_tokens": 20,
+        "cache_read_tokens": 40,
+    }
 
 
 async def test_arguments_that_are_not_json_fail_the_tool_and_the_turn_goes_on(
     api: httpx.AsyncClient, fake: FakeOpenAI
 ) -> None:
     text = nonce("badjson")
-    sid, messages, events = await run(api, text)
+    _, messages, events = await run(api, text)
     agent = messages[1]
     call, result, answer = agent["content"]
     assert call["type"] == "tool_call" and call["status"] == "failed"
@@ -260,7 +301,9 @@ async def test_arguments_that_are_not_json_fail_the_tool_and_the_turn_goes_on(
     # The model saw the failure as the call's result.
     tool_message = fake.for_text(text)[-1].body["messages"][-1]
     assert tool_message["role"] == "tool"
-    assert tool_message["content"].startswith("Error: The tool's arguments are not valid JSON")
+    assert tool_message["content"].startswith(
+        "Error: The tool's arguments are not valid JSON"
+    )
 
 
 async def test_finish_reason_length_ends_the_reply(api: httpx.AsyncClient) -> None:
@@ -295,7 +338,9 @@ async def test_a_dropped_stream_is_retried_from_the_start(
     try:
         await post_message(api, sid, text)
         await wait_idle(api, sid)
-        await sse.wait_for(lambda fs: any(f.event == "session.idled" for f in fs), "idled")
+        await sse.wait_for(
+            lambda fs: any(f.event == "session.idled" for f in fs), "idled"
+        )
     finally:
         await sse.close()
     assert len(fake.for_text(text)) == 2
@@ -317,12 +362,18 @@ async def test_final_failure_closes_the_message_with_the_providers_status(
     try:
         await post_message(api, sid, text)
         await wait_idle(api, sid, within=30)
-        await sse.wait_for(lambda fs: any(f.event == "session.idled" for f in fs), "idled")
+        await sse.wait_for(
+            lambda fs: any(f.event == "session.idled" for f in fs), "idled"
+        )
     finally:
         await sse.close()
     assert len(fake.for_text(text)) == 3, "MODEL_MAX_RETRIES=2: three attempts"
     retries = [e["data"] for e in sse.events("llm.retry")]
-    assert [(r["attempt"], r["will_retry"]) for r in retries] == [(1, True), (2, True), (3, False)]
+    assert [(r["attempt"], r["will_retry"]) for r in retries] == [
+        (1, True),
+        (2, True),
+        (3, False),
+    ]
     messages = (await list_messages(api, sid))["data"]
     (error,) = messages[1]["content"]
     assert error["type"] == "error" and error["code"] == "model_error"
@@ -359,9 +410,9 @@ async def test_cancel_closes_the_provider_stream_and_keeps_what_streamed(
     finally:
         await sse.close()
     (request,) = fake.for_text(text)
-    deadline = time.monotonic() + 5
-    while request.closed_early_at is None and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    await wait_until(
+        lambda: request.closed_early_at is not None, "the provider stream closed", 5
+    )
     assert request.closed_early_at is not None, "the provider stream was closed"
     assert request.closed_early_at - cancelled_at < 1.0
     messages = (await list_messages(api, sid))["data"]
@@ -376,8 +427,18 @@ async def test_cancel_closes_the_provider_stream_and_keeps_what_streamed(
     ("env", "named"),
     [
         ({"MODEL_DRIVER": "openai", "OPENAI_MODEL": "m"}, "OPENAI_BASE_URL"),
-        ({"MODEL_DRIVER": "openai", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}, "OPENAI_MODEL"),
-        ({"MODEL_DRIVER": "openai", "OPENAI_BASE_URL": "localhost:8080", "OPENAI_MODEL": "m"}, "OPENAI_BASE_URL"),
+        (
+            {"MODEL_DRIVER": "openai", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"},
+            "OPENAI_MODEL",
+        ),
+        (
+            {
+                "MODEL_DRIVER": "openai",
+                "OPENAI_BASE_URL": "localhost:8080",
+                "OPENAI_MODEL": "m",
+            },
+            "OPENAI_BASE_URL",
+        ),
         ({"MODEL_DRIVER": "gpt"}, "MODEL_DRIVER"),
         ({"MODEL_CONTEXT_TOKENS": "many"}, "MODEL_CONTEXT_TOKENS"),
         ({"MODEL_TIMEOUT_SECONDS": "0"}, "MODEL_TIMEOUT_SECONDS"),
@@ -388,8 +449,7 @@ def test_a_bad_model_setting_stops_start_up_with_one_line(
     env: dict[str, str], named: str, tmp_path: Any
 ) -> None:
     environment = {
-        k: v for k, v in os.environ.items()
-        if not k.startswith(("OPENAI_", "MODEL_"))
+        k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "MODEL_"))
     }
     environment["DATABASE_URL"] = f"sqlite+aiosqlite:///{tmp_path}/x.db"
     environment.update(env)
