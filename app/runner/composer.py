@@ -17,9 +17,11 @@ reads); drivers send what it returns as it is.
 * Everything must fit the token budget (`MODEL_CONTEXT_TOKENS` less the reply's share).
   No tokenizer is installable offline for arbitrary models (tiktoken downloads its
   encodings, and local models use their own), so tokens are estimated: a token per 4
-  characters, rounded up, plus 4 per message. When history does not fit, the oldest
-  messages are left out whole (a step and its tool results go together), and a note
-  says how many: the newest user message is always sent.
+  characters, rounded up, plus 4 per message. When history does not fit, the runner has
+  the model summarize the oldest messages (`summary_request`) and the next request is
+  the summary plus the recent messages (`fit(..., summary=...)`); what still does not
+  fit is left out whole, oldest first (a step and its tool results go together), with
+  a note saying how many. The newest user message is always sent.
 """
 
 import math
@@ -201,50 +203,129 @@ def _agent(message: HistoryMessage, provider: str) -> list[list[ChatMessage]]:
     return groups
 
 
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A model-written summary standing in for a session's messages up to
+    `last_sequence` (derived data: `composer_summaries`)."""
+
+    last_sequence: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Composition:
+    """The model input, and what of the history did not fit: the newest sequence left
+    out (None: nothing was), for a summary to cover next time."""
+
+    messages: list[ChatMessage]
+    omitted_through: int | None
+
+
+def _groups(
+    history: Sequence[HistoryMessage], provider: str
+) -> list[tuple[int, list[ChatMessage]]]:
+    groups: list[tuple[int, list[ChatMessage]]] = []
+    for message in sorted(history, key=lambda m: m.sequence):
+        if message.role == "user":
+            user = _user(message, provider)
+            if user is not None:
+                groups.append((message.sequence, [user]))
+        elif message.role == "agent":
+            groups.extend((message.sequence, g) for g in _agent(message, provider))
+    return groups
+
+
+def fit(
+    history: Sequence[HistoryMessage],
+    *,
+    system_prompt: str | None,
+    provider: str,
+    context_tokens: int,
+    summary: Summary | None = None,
+) -> Composition:
+    """The model input for the next step of a turn (`history` in any order): with a
+    `summary`, the messages it covers are replaced by it."""
+    groups = _groups(history, provider)
+    head: list[ChatMessage] = (
+        [{"role": "system", "content": system_prompt}] if system_prompt else []
+    )
+    if summary is not None:
+        groups = [g for g in groups if g[0] > summary.last_sequence]
+        head.append(
+            {
+                "role": "system",
+                "content": "Summary of the earlier conversation:\n" + summary.text,
+            }
+        )
+    budget = int(context_tokens * (1 - REPLY_SHARE)) - sum(map(estimate_tokens, head))
+    # Newest first, keep whole groups while they fit; the newest user message (and
+    # what follows it) always goes.
+    last_user = max(
+        (i for i, (_, g) in enumerate(groups) if g[0]["role"] == "user"), default=0
+    )
+    kept = 0
+    used = 0
+    for index in range(len(groups) - 1, -1, -1):
+        cost = sum(map(estimate_tokens, groups[index][1]))
+        if used + cost > budget and index < last_user:
+            break
+        kept += 1
+        used += cost
+    omitted = groups[: len(groups) - kept]
+    if omitted:
+        head.append(
+            {
+                "role": "system",
+                "content": f"[{len(omitted)} earlier part(s) of this conversation were "
+                "left out to fit the context window.]",
+            }
+        )
+    messages = [*head, *(m for _, group in groups[len(omitted) :] for m in group)]
+    return Composition(messages, omitted[-1][0] if omitted else None)
+
+
 def compose(
     history: Sequence[HistoryMessage],
     *,
     system_prompt: str | None,
     provider: str,
     context_tokens: int,
+    summary: Summary | None = None,
 ) -> list[ChatMessage]:
-    """The model input for the next step of a turn: `history` oldest first."""
-    groups: list[list[ChatMessage]] = []
-    for message in sorted(history, key=lambda m: m.sequence):
-        if message.role == "user":
-            user = _user(message, provider)
-            if user is not None:
-                groups.append([user])
-        elif message.role == "agent":
-            groups.extend(_agent(message, provider))
-    head: list[ChatMessage] = (
-        [{"role": "system", "content": system_prompt}] if system_prompt else []
+    """`fit`'s messages."""
+    return fit(
+        history,
+        system_prompt=system_prompt,
+        provider=provider,
+        context_tokens=context_tokens,
+        summary=summary,
+    ).messages
+
+
+def summary_request(
+    history: Sequence[HistoryMessage],
+    *,
+    provider: str,
+    context_tokens: int,
+    previous: Summary | None,
+    through: int,
+) -> list[ChatMessage]:
+    """The model input that asks for a summary of the messages up to `through` (those
+    after `previous`, which it extends), fitted to the budget like any request."""
+    covered = [m for m in history if m.sequence <= through]
+    instruction = (
+        "Summarize the conversation above for your own later use: the user's goals "
+        "and questions, facts established, decisions, tool results that matter, and "
+        "what is still open. Plain prose, at most 300 words; no preamble."
     )
-    budget = int(context_tokens * (1 - REPLY_SHARE)) - sum(map(estimate_tokens, head))
-    # Newest first, keep whole groups while they fit; the newest user message (and
-    # what follows it) always goes.
-    last_user = max(
-        (i for i, g in enumerate(groups) if g[0]["role"] == "user"), default=0
-    )
-    kept: list[list[ChatMessage]] = []
-    used = 0
-    for index in range(len(groups) - 1, -1, -1):
-        cost = sum(map(estimate_tokens, groups[index]))
-        if used + cost > budget and index < last_user:
-            break
-        kept.append(groups[index])
-        used += cost
-    kept.reverse()
-    left_out = len(groups) - len(kept)
-    if left_out:
-        head.append(
-            {
-                "role": "system",
-                "content": f"[{left_out} earlier part(s) of this conversation were "
-                "left out to fit the context window.]",
-            }
-        )
-    return [*head, *(message for group in kept for message in group)]
+    messages = fit(
+        covered,
+        system_prompt=None,
+        provider=provider,
+        context_tokens=context_tokens,
+        summary=previous,
+    ).messages
+    return [*messages, {"role": "user", "content": instruction}]
 
 
 def tool_definitions(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

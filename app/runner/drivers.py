@@ -112,6 +112,11 @@ class Driver(Protocol):
 
     def step(self, turn: Turn) -> AsyncGenerator[ModelEvent, None]: ...
 
+    async def summarize(self, messages: list[dict[str, Any]]) -> str:
+        """A summary of the conversation in `messages` (Chat Completions messages
+        from the Composer's `summary_request`, the instruction last)."""
+        ...
+
 
 SCENARIO = re.compile(r"^/scenario\s+(\w+)(?:\s+(.*))?$", re.DOTALL)
 
@@ -153,6 +158,17 @@ class ScriptedDriver:
     async def _pause(self) -> None:
         if self.delay > 0:
             await asyncio.sleep(self.delay)
+
+    async def summarize(self, messages: list[dict[str, Any]]) -> str:
+        """Deterministic: how many messages, and the start of each user message."""
+        said = [
+            m["content"][:80]
+            for m in messages[:-1]
+            if m["role"] == "user" and isinstance(m["content"], str)
+        ]
+        return f"{len(messages) - 1} earlier messages; the user said: " + " | ".join(
+            said
+        )
 
     async def _words(self, text: str) -> AsyncIterator[ModelEvent]:
         words = text.split(" ")

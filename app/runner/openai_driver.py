@@ -22,9 +22,10 @@ import random
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, cast
 
 import openai
+from openai.types.chat import ChatCompletion
 
 from app.db.types import utcnow
 from app.runner.composer import tool_definitions
@@ -195,6 +196,32 @@ class OpenAIDriver:
         if tools:
             body["tools"] = tools
         return body
+
+    async def summarize(self, messages: list[dict[str, Any]]) -> str:
+        """One non-streaming request, retried as a step's would be (silently: it is
+        not part of any message)."""
+        attempts = self.max_retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                body: dict[str, Any] = {"model": self.model, "messages": messages}
+                response = cast(
+                    ChatCompletion, await self.client.chat.completions.create(**body)
+                )
+                return (response.choices[0].message.content or "").strip()
+            except openai.APIError as exc:
+                failure = classify(exc)
+                log.warning("summary request failed (%s): %s", failure.code, failure)
+                if not failure.retryable or attempt == attempts:
+                    raise ModelError(str(failure)) from exc
+                await asyncio.sleep(
+                    min(
+                        failure.after
+                        if failure.after is not None
+                        else BACKOFF_BASE_SECONDS * 2 ** (attempt - 1),
+                        BACKOFF_CAP_SECONDS,
+                    )
+                )
+        raise ModelError("no summary")
 
     async def step(self, turn: Turn) -> AsyncGenerator[ModelEvent, None]:
         attempts = self.max_retries + 1

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import or_, select
+from sqlalchemy import insert, or_, select
+from sqlalchemy.exc import IntegrityError
 
 from app import wire
 from app.db import models
@@ -459,9 +460,11 @@ class TurnRunner:
     async def _publish(
         self, session_id: uuid.UUID, item: PartStarted | LiveDelta | ModelWarning
     ) -> None:
-        """A live frame of the turn: only while this process owns it."""
+        """A live frame of the turn: only while this process owns it. Shielded: a
+        cancel stops the step streaming it (see `_stream_step`), but never a publish
+        half-sent (on PostgreSQL that would break the shared NOTIFY connection)."""
         await self._owned(session_id)
-        await self.bus.publish(item)
+        await asyncio.shield(self.bus.publish(item))
 
     async def _checkpoint(
         self,
@@ -600,24 +603,98 @@ class TurnRunner:
         rows = list(reversed(rows))
         consumed = max((row.sequence for row in rows if row.role == "user"), default=0)
         tools = [*BUILTIN_TOOLS, *(attributes.get("tools") or ())]
-        model_input = composer.compose(
-            [
-                composer.HistoryMessage(
-                    row.sequence, row.role, row.visibility, list(row.content)
-                )
-                for row in rows
-            ],
+        history = [
+            composer.HistoryMessage(
+                row.sequence, row.role, row.visibility, list(row.content)
+            )
+            for row in rows
+        ]
+        fitted = functools.partial(
+            composer.fit,
+            history,
             system_prompt=attributes.get("system_prompt"),
             provider=self.driver.name,
             context_tokens=self.settings.model_context_tokens,
         )
+        composition = fitted()
+        if composition.omitted_through is not None:
+            summary = await self._summary(
+                session_id, history, composition.omitted_through
+            )
+            if summary is not None:
+                composition = fitted(summary=summary)
         return Context(
             [wire.loads(row.snapshot) for row in rows],
-            model_input,
+            composition.messages,
             tools,
             consumed,
             cancel is not None,
         )
+
+    async def _summary(
+        self,
+        session_id: uuid.UUID,
+        history: list[composer.HistoryMessage],
+        through: int,
+    ) -> composer.Summary | None:
+        """A summary of the session's messages up to at least `through`: the newest
+        stored one if it reaches that far; otherwise the model writes one (extending
+        the newest stored, which it then replaces as the one in use) and it is stored
+        as derived data. None if the model could not: history is then truncated."""
+        newest = max((m.sequence for m in history), default=0)
+        async with self.database.statements() as conn:
+            row = (
+                await conn.execute(
+                    select(
+                        models.ComposerSummary.first_sequence,
+                        models.ComposerSummary.last_sequence,
+                        models.ComposerSummary.text,
+                    )
+                    .where(
+                        models.ComposerSummary.session_id == session_id,
+                        models.ComposerSummary.last_sequence <= newest,
+                    )
+                    .order_by(models.ComposerSummary.last_sequence.desc())
+                    .limit(1)
+                )
+            ).one_or_none()
+        previous = (
+            composer.Summary(row.last_sequence, row.text) if row is not None else None
+        )
+        if previous is not None and previous.last_sequence >= through:
+            return previous
+        request = composer.summary_request(
+            history,
+            provider=self.driver.name,
+            context_tokens=self.settings.model_context_tokens,
+            previous=previous,
+            through=through,
+        )
+        try:
+            text = await self.driver.summarize(request)
+        except Exception as exc:
+            log.warning("history summary failed, history truncated instead: %s", exc)
+            return None
+        if not text:
+            return None
+        first = (
+            row.first_sequence if row is not None else min(m.sequence for m in history)
+        )
+        with contextlib.suppress(IntegrityError):
+            async with self.database.write() as db:
+                conn = await db.core()
+                await conn.execute(
+                    insert(models.ComposerSummary).values(
+                        id=uuid.uuid4(),
+                        session_id=session_id,
+                        first_sequence=first,
+                        last_sequence=through,
+                        text=text,
+                        created_at=utcnow(),
+                    )
+                )
+        log.info("history up to sequence %d summarized", through)
+        return composer.Summary(through, text)
 
     async def _run_turn(
         self, session_id: uuid.UUID, turn_id: uuid.UUID, max_iterations: int
