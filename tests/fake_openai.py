@@ -91,6 +91,31 @@ class FakeOpenAI:
         has_results = _answered_tools(body["messages"])
         record = Recorded(body, dict(request.headers), scenario, attempt)
         self.requests.append(record)
+        if not body.get("stream"):
+            # A plain completion (the Composer's summary requests).
+            return JSONResponse(
+                {
+                    "id": f"chatcmpl-plain-{attempt}",
+                    "object": "chat.completion",
+                    "created": 1,
+                    "model": MODEL,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {
+                                "role": "assistant",
+                                "content": f"SUMMARY of {len(body['messages']) - 1} messages",
+                            },
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {
+                        "prompt_tokens": 50,
+                        "completion_tokens": 5,
+                        "total_tokens": 55,
+                    },
+                }
+            )
         if scenario == "unauthorized":
             return _error(401, "Incorrect API key provided", "invalid_api_key")
         if scenario == "error500":
