@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from app.catalog.registry import ConfigError, load_catalog
 from app.ops import logs
 from app.settings import Settings, describe_error, get_settings
 
@@ -390,8 +391,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = get_settings()
+        load_catalog(settings)
     except ValidationError as exc:
         print(f"invalid configuration: {describe_error(exc)}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        print(f"invalid configuration: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level, settings.log_format)
     code: int = args.func(args)

@@ -16,6 +16,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app import __doc__ as app_doc
 from app.auth import KeyResolver
+from app.catalog.registry import load_catalog
+from app.catalog.router import router as catalog_router
 from app.conditional import IfNoneMatchStarMiddleware
 from app.db.migrate import upgrade
 from app.db.reads import create_reads
@@ -62,7 +64,13 @@ VERSION = "0.1.0"
 def api_router() -> APIRouter:
     router = APIRouter()
     # The streams come before messages so `/messages/stream` is not read as a message id.
-    for feature in (sessions_router, live_router, messages_router, events_router):
+    for feature in (
+        sessions_router,
+        live_router,
+        messages_router,
+        events_router,
+        catalog_router,
+    ):
         router.include_router(feature)
     return router
 
@@ -192,6 +200,8 @@ def watch(metrics: Metrics, state: AppState) -> None:
 
 def create_app(settings: Settings | None = None) -> Service:
     settings = settings or get_settings()
+    # Read here, not in the lifespan: a bad MODELS_FILE stops the app before it serves.
+    catalog = load_catalog(settings)
     limiter = RateLimiter.from_settings(settings)
     metrics = Metrics() if settings.metrics_enabled else None
     traced = traces.from_environment(VERSION)
@@ -220,7 +230,9 @@ def create_app(settings: Settings | None = None) -> Service:
             heartbeat_seconds=settings.sse_heartbeat_seconds,
             send_timeout_seconds=settings.sse_send_timeout_seconds,
         )
-        runner = TurnRunner(settings=settings, database=database, bus=bus)
+        runner = TurnRunner(
+            settings=settings, database=database, bus=bus, catalog=catalog
+        )
         keys = KeyResolver(
             database,
             ttl_seconds=settings.auth_cache_seconds,
@@ -252,6 +264,7 @@ def create_app(settings: Settings | None = None) -> Service:
                 per_process=settings.max_running_turns_per_process,
                 running=lambda: runner.tasks.keys(),
             ),
+            catalog=catalog,
         )
         app.state.app = state
         await keys.start()

@@ -128,14 +128,18 @@ class Settings(BaseSettings):
     openai_base_url: str | None = None
     openai_api_key: str | None = None
     openai_model: str | None = None
-    # The model's context window in tokens: the budget the Composer fits history into
-    # (app/runner/composer.py), the reply's share included.
-    model_context_tokens: int = Field(default=32_768, ge=256)
     # One model request (connect, and each wait for the next chunk) may take this long.
     model_timeout_seconds: float = Field(default=60.0, gt=0)
     # Retries of a request that failed with 429, a 5xx, a timeout or a dropped
     # connection (the service's own, announced live; the client library's are off).
     model_max_retries: int = Field(default=3, ge=0, le=20)
+    # The model catalog (app/catalog): a JSON file of the models sessions and messages
+    # may select; unset, the catalog is the configured driver's one model.
+    models_file: str | None = None
+    # The context size, in tokens, of the default model (and of a MODELS_FILE entry
+    # that does not say): the budget the Composer fits history into
+    # (app/runner/composer.py), the reply's share included.
+    model_context_tokens: int = Field(default=128_000, ge=1_000, le=10_000_000)
     # PostgreSQL: how often a node sweeps for turns whose runner died, and how long a
     # runner must have gone without renewing its lease before another node takes the
     # turn over. The lease is renewed every fifth of it (at least once a second).

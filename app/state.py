@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.auth import KeyResolver
+from app.catalog.registry import Catalog
 from app.db.reads import Reads
 from app.db.session import Database
 from app.live.bus import Bus
@@ -29,6 +30,7 @@ class AppState:
     runner: "TurnRunner"
     limits: "StreamLimits"
     admission: "TurnAdmission"
+    catalog: Catalog
     # Set once, when the graceful drain begins (app/ops/drain.py): new streams and
     # turns are refused and /ready answers 503. One attribute read per stream open.
     draining: bool = False

@@ -110,6 +110,9 @@ async def test_a_reply_streams_and_reports_usage(
         {"role": "user", "content": text},
     ]
     assert [t["function"]["name"] for t in body["tools"]] == ["lookup"]
+    # The catalog's one model is the one the driver calls.
+    (model,) = (await api.get("/v1/models")).json()["data"]
+    assert (model["name"], model["driver"]) == ("fake-model", "openai")
 
 
 async def test_usage_accumulates_on_the_session(api: httpx.AsyncClient) -> None:

@@ -18,7 +18,7 @@ live_server = live_server_fixture(
     MODEL_DRIVER="openai",
     OPENAI_BASE_URL=f"http://127.0.0.1:{FAKE_PORT}/v1",
     OPENAI_MODEL="fake-model",
-    MODEL_CONTEXT_TOKENS="256",
+    MODEL_CONTEXT_TOKENS="1000",
     MODEL_MAX_RETRIES="0",
 )
 
@@ -42,7 +42,7 @@ async def test_old_history_is_replaced_by_the_models_summary(
     sid = (await api.post("/v1/sessions", json={"system_prompt": "Be kind."})).json()[
         "id"
     ]
-    long = " ".join(f"word{i}" for i in range(150))
+    long = " ".join(f"word{i}" for i in range(600))
     first = f"hello {long}"
     await post_message(api, sid, first)
     await wait_idle(api, sid)

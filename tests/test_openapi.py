@@ -78,6 +78,11 @@ def test_committed_document_matches_the_app(tmp_path: Path) -> None:
         pytest.fail(f"openapi/openapi.json is stale: run `make openapi`\n{diff}")
 
 
+# Success statuses of upstream's newer code that the published document predates:
+# `POST .../messages?wait=true` answers 200 (the turn ended) or 202 (timeout).
+NEWER_SUCCESS = {"create_message": {"200", "202"}}
+
+
 def test_shared_operations_keep_upstream_paths_and_methods(tmp_path: Path) -> None:
     upstream = operations(json.loads(UPSTREAM.read_text()))
     ours = operations(generated_document(tmp_path))
@@ -91,7 +96,7 @@ def test_shared_operations_keep_upstream_paths_and_methods(tmp_path: Path) -> No
         # The success status is upstream's (201 for creates, 204 for delete, ...).
         up_success = {s for s in up_op["responses"] if s.startswith("2")}
         success = {s for s in op["responses"] if s.startswith("2")}
-        assert success == up_success, op_id
+        assert success == up_success | NEWER_SUCCESS.get(op_id, set()), op_id
     # Every operation upstream has at one of our paths is the same operation.
     by_route = {(m, p): op_id for op_id, (p, m, _) in ours.items()}
     for op_id, (path, method, _) in upstream.items():

@@ -18,6 +18,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 from sqlalchemy import select
 
+from app.catalog.registry import derived_id
 from app.db import models
 from app.ids import uuid7
 from app.messages import checkpoint
@@ -39,6 +40,8 @@ SPEC_URI = "urn:everruns:openapi-sessions-subset"
 RESOURCE_TS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z$")
 EVENT_TS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 HEX32 = "0123456789abcdef0123456789abcdef"
+# The catalog's one model when no MODELS_FILE is set.
+SCRIPTED_MODEL_ID = derived_id("scripted", "scripted")
 
 # ---- the seed's Message (list-messages-api.txt + DESIGN 2.3) -------------------------
 # Optional fields are omitted, never null, so no `null` is allowed anywhere here.
@@ -747,7 +750,7 @@ async def test_user_parts_round_trip(client: httpx.AsyncClient) -> None:
 async def test_message_level_fields(client: httpx.AsyncClient) -> None:
     sid = (await new_session(client))["id"]
     controls = {
-        "model_id": f"model_{HEX32}",
+        "model_id": SCRIPTED_MODEL_ID,
         "reasoning": {"effort": "low"},
         "locale": "uk-UA",
         "hints": {"rich_media": True},
@@ -862,7 +865,7 @@ async def test_session_create_get_patch_shapes(client: httpx.AsyncClient) -> Non
         "goal": "Plan the quarter",
         "hints": {"rich_media": True},
         "metadata": {"team": "core"},
-        "model_id": f"model_{HEX32}",
+        "model_id": SCRIPTED_MODEL_ID,
         "agent_id": f"agent_{HEX32}",
         "max_iterations": 5,
         "source": "api",

@@ -158,7 +158,7 @@ async def test_per_session_stream_limit(settings: Settings, tmp_path: Path) -> N
                 async with open_stream(api, url) as refused:
                     assert_too_many(
                         refused.response,
-                        detail="per-session SSE connection limit reached",
+                        detail="per-session SSE connection limit reached (open streams and waits)",
                     )
             # Another session has slots of its own.
             async with open_stream(api, f"/v1/sessions/{other}/sse") as elsewhere:
@@ -189,7 +189,7 @@ async def test_per_process_stream_limit(settings: Settings, tmp_path: Path) -> N
                 async with open_stream(api, url) as refused:
                     assert_too_many(
                         refused.response,
-                        detail="SSE connection limit for this server reached",
+                        detail="SSE connection limit for this server reached (open streams and waits)",
                     )
         await open_until_admitted(api, f"/v1/sessions/{sids[3]}/sse")
 

@@ -1,5 +1,5 @@
 """Composer summaries over HTTP, offline: the scripted driver goes through the Composer
-too, so a server with a small context window (MODEL_CONTEXT_TOKENS=256) summarizes its
+too, so a server with a small context window (MODEL_CONTEXT_TOKENS=1000) summarizes its
 history. A summary is derived data: stored in its own table, it takes no sequence,
 never shows in messages, events or streams, is rebuilt when missing, and goes with its
 session."""
@@ -24,7 +24,7 @@ from tests.helpers import (
     wait_idle,
 )
 
-live_server = live_server_fixture("summaries", MODEL_CONTEXT_TOKENS="256")
+live_server = live_server_fixture("summaries", MODEL_CONTEXT_TOKENS="1000")
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ async def summaries(database: Database, sid: str) -> list[Any]:
         return list(rows.all())
 
 
-def words(tag: str, count: int = 60) -> str:
+def words(tag: str, count: int = 250) -> str:
     return " ".join(f"{tag}{i}" for i in range(count))
 
 

@@ -1,4 +1,4 @@
-"""Concurrent SSE connection limits, per session and per process."""
+"""Concurrent SSE connection and `wait=true` limits, per session and per process."""
 
 import uuid
 from dataclasses import dataclass, field
@@ -36,19 +36,21 @@ class StreamLimits:
     per_process: int
     open: dict[uuid.UUID, int] = field(default_factory=dict)
     total: int = 0
-    # By stream kind ("sse", "mutations"): open now, and opened since start (metrics).
+    # By kind ("sse", "mutations", "wait"): open now, and opened since start (metrics).
     by_kind: dict[str, int] = field(default_factory=dict)
     opened: dict[str, int] = field(default_factory=dict)
 
     def acquire(self, session_id: uuid.UUID, kind: str) -> Slot:
+        # Streams and `wait=true` requests share the budget; the refusal names which.
+        what = "wait" if kind == "wait" else "SSE connection"
         if self.total >= self.per_process:
             raise TooManyRequests(
-                "SSE connection limit for this server reached",
+                f"{what} limit for this server reached (open streams and waits)",
                 retry_after_seconds=RETRY_AFTER_SECONDS,
             )
         if self.open.get(session_id, 0) >= self.per_session:
             raise TooManyRequests(
-                "per-session SSE connection limit reached",
+                f"per-session {what} limit reached (open streams and waits)",
                 retry_after_seconds=RETRY_AFTER_SECONDS,
             )
         self.open[session_id] = self.open.get(session_id, 0) + 1

@@ -1,47 +1,115 @@
-"""Message routes: create, list (the seed's pagination) and read one snapshot."""
+"""Message routes: create (and wait for its turn), list (the seed's pagination) and
+read one snapshot."""
 
+import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Response
 
 from app import guards, wire
-from app.deps import OrgId, SessionId, StateDep, WriteDb
+from app.deps import OrgId, SessionId, StateDep
 from app.errors import BODY_PROBLEMS, InvalidParameter, problem_responses
-from app.ids import parse_or_400
+from app.ids import parse_id, parse_or_400
 from app.messages import schemas, service
+from app.messages.wait import completed_body, timeout_body, wait_for_turn
 from app.schemas import MAX_INT32
+from app.state import AppState
 
 router = APIRouter(tags=["messages"])
+
+
+# `?wait=true`: how long a request may wait for its turn (milliseconds).
+WAIT_DEFAULT_MS = 120_000
+WAIT_MAX_MS = 600_000
 
 
 @router.post(
     "/sessions/{session_id}/messages",
     status_code=201,
     response_model=schemas.Message,
-    responses=problem_responses(400, 401, 404, 409, 422, *BODY_PROBLEMS),
+    responses={
+        200: {
+            "model": schemas.WaitResult,
+            "description": "`wait=true`: the turn ended (completed, failed or cancelled)",
+        },
+        202: {
+            "model": schemas.WaitTimeout,
+            "description": "`wait=true`: the turn did not end within `timeout_ms`",
+        },
+        **problem_responses(400, 401, 404, 409, 422, 429, *BODY_PROBLEMS),
+    },
 )
 async def create_message(
     session_id: SessionId,
     data: schemas.MessageCreate,
-    db: WriteDb,
     org: OrgId,
     state: StateDep,
+    wait: Annotated[
+        bool,
+        Query(description="Answer when the turn this message starts or joins ends"),
+    ] = False,
+    timeout_ms: Annotated[
+        int | None,
+        Query(
+            description="With `wait=true`: how long to wait, 1..600000 ms "
+            '(default 120000); then `202 {status: "timeout"}`',
+            # Documented here; the handler enforces it (400).
+            json_schema_extra={"minimum": 1, "maximum": WAIT_MAX_MS},
+        ),
+    ] = None,
 ) -> Response:
     """Store a user message. `delivery` says what happened: `started` (a new turn began),
     `steered` (joined the running turn) or `duplicate` (this `client_message_id` was seen
     before with the same body: the stored message is returned and nothing is written).
     The same `client_message_id` with a different body is `409`
     `client_message_id_conflict`. A message that would start a turn while its
-    organization or the server runs as many as allowed is `429` with `Retry-After`."""
+    organization or the server runs as many as allowed is `429` with `Retry-After`.
+
+    With `wait=true` the answer comes when the message's turn ends: `200 {status:
+    "completed"|"failed", message, messages, error?}` (`message` as stored, `messages`
+    the turn's agent messages), or `202 {status: "timeout", message}` after
+    `timeout_ms`. Open waits count against the stream limits (`429`)."""
+    if timeout_ms is not None and not 1 <= timeout_ms <= WAIT_MAX_MS:
+        raise InvalidParameter(f"timeout_ms: must be between 1 and {WAIT_MAX_MS}")
     guards.check_message(data, state.settings)
-    body = await service.create_message(
-        db,
-        organization_id=org,
-        session_id=session_id,
-        data=data,
-        admission=state.admission,
-    )
-    return wire.json_response(body, 201)
+    if data.controls is not None:
+        state.catalog.require(data.controls.model_id, "controls.model_id")
+    # A wait is admitted before anything is written: a refused one changes nothing.
+    slot = state.limits.acquire(session_id, "wait") if wait else None
+    try:
+        # The unit of work commits here, before any wait: the turn must see it.
+        async with state.database.write() as db:
+            body = await service.create_message(
+                db,
+                organization_id=org,
+                session_id=session_id,
+                data=data,
+                admission=state.admission,
+            )
+        if slot is None:
+            return wire.json_response(body, 201)
+        return await _wait_for_turn(state, session_id, body, timeout_ms)
+    finally:
+        if slot is not None:
+            slot.release()
+
+
+async def _wait_for_turn(
+    state: AppState, session_id: uuid.UUID, body: bytes, timeout_ms: int | None
+) -> Response:
+    turn = wire.loads(body).get("turn_id")
+    ended = None
+    if turn is not None:
+        ended = await wait_for_turn(
+            state.database,
+            state.fanout,
+            session_id,
+            parse_id("turn", turn),
+            (timeout_ms or WAIT_DEFAULT_MS) / 1000,
+        )
+    if ended is None:
+        return wire.json_response(timeout_body(body), 202)
+    return wire.json_response(completed_body(body, ended), 200)
 
 
 @router.get(

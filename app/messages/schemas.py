@@ -296,3 +296,31 @@ class MessagePage(Schema):
     end_sequence: int | None = None
     next_before_sequence: int | None = None
     cursor: str = Field(description="Committed stream position this page was read at.")
+
+
+class WaitError(Schema):
+    code: str = Field(
+        description="The turn's error code (`model_error`, `internal_error`, ...), or "
+        "`cancelled_by_user` when it was cancelled"
+    )
+    message: str
+
+
+class WaitResult(Schema):
+    """`POST .../messages?wait=true` when the turn ended."""
+
+    status: Literal["completed", "failed"] = Field(
+        description="`failed` also for a cancelled turn (`error` says which)"
+    )
+    message: Message = Field(description="The posted message, as stored")
+    messages: list[Message] = Field(
+        description="The turn's visible agent messages, oldest first"
+    )
+    error: WaitError | None = None
+
+
+class WaitTimeout(Schema):
+    """`POST .../messages?wait=true` when the turn did not end within `timeout_ms`."""
+
+    status: Literal["timeout"]
+    message: Message = Field(description="The posted message, as stored")

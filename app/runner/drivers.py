@@ -105,6 +105,9 @@ class Turn:
     tool_results: list[dict[str, Any]]
     model_input: list[dict[str, Any]] = field(default_factory=list)
     tools: list[dict[str, Any]] = field(default_factory=list)
+    # The provider's name of the model selected from the catalog (None: the
+    # driver's configured one).
+    model: str | None = None
 
 
 class Driver(Protocol):

@@ -187,7 +187,7 @@ class OpenAIDriver:
 
     def _request(self, turn: Turn) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self.model,
+            "model": turn.model or self.model,
             "messages": turn.model_input,
             "stream": True,
             "stream_options": {"include_usage": True},

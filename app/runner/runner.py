@@ -24,6 +24,7 @@ from sqlalchemy import insert, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from app import wire
+from app.catalog.registry import Catalog, Model
 from app.db import models
 from app.db.dialect import Regain, create_leases
 from app.db.session import Database
@@ -139,6 +140,8 @@ class Context:
     tools: list[dict[str, Any]]
     consumed: int
     cancelled: bool
+    # The provider's name of the model the step runs (None: the driver's own).
+    model: str | None = None
 
 
 @dataclass
@@ -231,8 +234,18 @@ class LiveStep:
 
 
 class TurnRunner:
-    def __init__(self, *, settings: Settings, database: Database, bus: Bus) -> None:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        database: Database,
+        bus: Bus,
+        catalog: Catalog | None = None,
+    ) -> None:
         self.settings = settings
+        # The models sessions and messages select (their name for the provider, their
+        # context size); None: the driver's own model and MODEL_CONTEXT_TOKENS.
+        self.catalog = catalog
         self.database = database
         self.bus = bus
         # Set by the application when metrics are on.
@@ -609,33 +622,58 @@ class TurnRunner:
             )
             for row in rows
         ]
+        messages = [wire.loads(row.snapshot) for row in rows]
+        model = self._model(attributes, messages)
+        context_tokens = (
+            model.context_tokens
+            if model is not None
+            else self.settings.model_context_tokens
+        )
         fitted = functools.partial(
             composer.fit,
             history,
             system_prompt=attributes.get("system_prompt"),
             provider=self.driver.name,
-            context_tokens=self.settings.model_context_tokens,
+            context_tokens=context_tokens,
         )
         composition = fitted()
         if composition.omitted_through is not None:
             summary = await self._summary(
-                session_id, history, composition.omitted_through
+                session_id, history, composition.omitted_through, context_tokens
             )
             if summary is not None:
                 composition = fitted(summary=summary)
         return Context(
-            [wire.loads(row.snapshot) for row in rows],
+            messages,
             composition.messages,
             tools,
             consumed,
             cancel is not None,
+            model.provider_model
+            if model is not None and model.driver == self.driver.name
+            else None,
         )
+
+    def _model(
+        self, attributes: dict[str, Any], messages: list[dict[str, Any]]
+    ) -> Model | None:
+        """The catalog model of the next step: the newest user message's
+        `controls.model_id`, else the session's `model_id`, else the default."""
+        if self.catalog is None:
+            return None
+        chosen = attributes.get("model_id")
+        for message in reversed(messages):
+            if message["role"] == "user":
+                chosen = (message.get("controls") or {}).get("model_id") or chosen
+                break
+        return self.catalog.get(chosen)
 
     async def _summary(
         self,
         session_id: uuid.UUID,
         history: list[composer.HistoryMessage],
         through: int,
+        context_tokens: int,
     ) -> composer.Summary | None:
         """A summary of the session's messages up to at least `through`: the newest
         stored one if it reaches that far; otherwise the model writes one (extending
@@ -666,7 +704,7 @@ class TurnRunner:
         request = composer.summary_request(
             history,
             provider=self.driver.name,
-            context_tokens=self.settings.model_context_tokens,
+            context_tokens=context_tokens,
             previous=previous,
             through=through,
         )
@@ -748,6 +786,7 @@ class TurnRunner:
                             tool_results,
                             context.model_input,
                             context.tools,
+                            context.model,
                         ),
                         watch,
                     )

@@ -33,6 +33,7 @@ async def create_session(
     """Create a session. Every body field is optional; so is the body."""
     data = data or schemas.SessionCreate()
     guards.check_session(data, state.settings)
+    state.catalog.require(data.model_id, "model_id")
     session = await service.create_session(db, organization_id=org, data=data)
     body = service.session_wire(session, base)
     return wire.json_response(

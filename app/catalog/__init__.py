@@ -1,0 +1,1 @@
+"""The models the operator configured: the registry, and `GET /v1/models`."""

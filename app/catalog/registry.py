@@ -1,0 +1,140 @@
+"""The model catalog: the models a session (`model_id`) or a message
+(`controls.model_id`) may select, each mapped to a driver, the provider's name for the
+model and its context size.
+
+Without `MODELS_FILE` the catalog holds one model, the configured driver's, under an
+ID derived from the driver and the provider's model name: the same in every process
+and across restarts, so stored sessions keep pointing at it. `MODELS_FILE` names a JSON
+file `{"models": [{id, name, driver, provider_model?, context_tokens?}, ...]}`; the first
+model is the default."""
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.errors import Unprocessable
+from app.settings import Settings
+
+MODEL_ID = re.compile(r"^model_[0-9a-f]{32}$")
+DRIVERS = ("scripted", "openai")
+# Derived IDs: uuid5 in a namespace of our own, so they never collide with random ones.
+NAMESPACE = uuid.UUID("6f0d3c52-3b8e-4f0c-9a51-3c1f6a2d9e17")
+
+
+class ConfigError(ValueError):
+    """A configuration the service cannot start with; the message names the setting."""
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    id: str
+    name: str
+    driver: str
+    # What the provider calls it (the `model` of a Chat Completions request).
+    provider_model: str
+    context_tokens: int
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "driver": self.driver,
+            "context_tokens": self.context_tokens,
+        }
+
+
+def derived_id(driver: str, provider_model: str) -> str:
+    return "model_" + uuid.uuid5(NAMESPACE, f"{driver}:{provider_model}").hex
+
+
+class Catalog:
+    def __init__(self, models: list[Model]) -> None:
+        assert models, "a catalog holds at least one model"
+        self.models = models
+        self.by_id = {m.id: m for m in models}
+        self.default = models[0]
+
+    def get(self, model_id: str | None) -> Model:
+        """The model an ID selects (the default for None). The ID was checked when it
+        was stored; one the catalog no longer holds falls back to the default."""
+        if model_id is None:
+            return self.default
+        return self.by_id.get(model_id, self.default)
+
+    def require(self, model_id: str | None, field: str) -> None:
+        """422 naming `field` unless `model_id` is None or one the catalog holds."""
+        if model_id is not None and model_id not in self.by_id:
+            raise Unprocessable(
+                f"{field}: unknown model '{model_id}'; GET /v1/models lists them"
+            )
+
+
+def default_model(settings: Settings) -> Model:
+    driver = settings.model_driver
+    # The openai driver's one model is the one it is configured to call.
+    provider_model = (
+        settings.openai_model
+        if driver == "openai" and settings.openai_model
+        else driver
+    )
+    return Model(
+        id=derived_id(driver, provider_model),
+        name=provider_model,
+        driver=driver,
+        provider_model=provider_model,
+        context_tokens=settings.model_context_tokens,
+    )
+
+
+def load_catalog(settings: Settings) -> Catalog:
+    if settings.models_file is None:
+        return Catalog([default_model(settings)])
+    return Catalog(_read_file(Path(settings.models_file), settings))
+
+
+def _read_file(path: Path, settings: Settings) -> list[Model]:
+    where = f"MODELS_FILE ({path})"
+    try:
+        document = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot be read: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{where}: not JSON: {exc}") from None
+    entries = document.get("models") if isinstance(document, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f'{where}: expected {{"models": [...]}} with at least one')
+    models: list[Model] = []
+    for index, entry in enumerate(entries):
+        models.append(_model(entry, f"{where}: models[{index}]", settings))
+    ids = [m.id for m in models]
+    duplicate = next((i for i in ids if ids.count(i) > 1), None)
+    if duplicate is not None:
+        raise ConfigError(f"{where}: model id {duplicate} is listed twice")
+    return models
+
+
+def _model(entry: Any, where: str, settings: Settings) -> Model:
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: expected an object")
+    unknown = set(entry) - {"id", "name", "driver", "provider_model", "context_tokens"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {sorted(unknown)[0]!r}")
+    driver = entry.get("driver", settings.model_driver)
+    if driver not in DRIVERS:
+        raise ConfigError(f"{where}.driver: one of {', '.join(DRIVERS)}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name.strip() or len(name) > 255:
+        raise ConfigError(f"{where}.name: a non-empty string of at most 255 characters")
+    provider_model = entry.get("provider_model", name)
+    if not isinstance(provider_model, str) or not provider_model.strip():
+        raise ConfigError(f"{where}.provider_model: a non-empty string")
+    model_id = entry.get("id", derived_id(driver, provider_model))
+    if not isinstance(model_id, str) or not MODEL_ID.match(model_id):
+        raise ConfigError(f"{where}.id: model_ and 32 lowercase hex digits")
+    context = entry.get("context_tokens", settings.model_context_tokens)
+    if type(context) is not int or not 1_000 <= context <= 10_000_000:
+        raise ConfigError(f"{where}.context_tokens: a whole number, 1000..10000000")
+    return Model(model_id, name, driver, provider_model, context)

@@ -1,0 +1,143 @@
+"""The model catalog: `GET /v1/models`, `model_id` and `controls.model_id` checked
+against it (422 naming the field, nothing stored), `MODELS_FILE`, and the one-line
+start-up refusal of a bad one."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.catalog.registry import ConfigError, derived_id, load_catalog
+from app.settings import Settings
+from tests.conftest import running_app, test_settings as make_settings
+from tests.helpers import assert_problem, run_cli, table_rows, text_body
+
+SCRIPTED = derived_id("scripted", "scripted")
+OTHER = "model_" + "a" * 32
+LARGE = "model_" + "b" * 32
+
+
+def models_file(tmp_path: Path, models: Any) -> str:
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps(models))
+    return str(path)
+
+
+async def test_the_default_catalog_is_the_drivers_one_model(
+    client: httpx.AsyncClient,
+) -> None:
+    response = await client.get("/v1/models")
+    assert response.status_code == 200, response.text
+    assert response.json() == {
+        "data": [
+            {
+                "id": SCRIPTED,
+                "name": "scripted",
+                "driver": "scripted",
+                "context_tokens": 128_000,
+            }
+        ],
+        "total": 1,
+    }
+    # The ID is derived, not random: every process and restart lists the same one.
+    assert derived_id("scripted", "scripted") == SCRIPTED
+
+
+async def test_a_session_and_a_message_select_listed_models_only(
+    client: httpx.AsyncClient, running: Any
+) -> None:
+    created = await client.post("/v1/sessions", json={"model_id": SCRIPTED})
+    assert created.status_code == 201, created.text
+    sid = created.json()["id"]
+    database = running.app.state.app.database
+    before = await table_rows(database)
+    refused = await client.post("/v1/sessions", json={"model_id": OTHER})
+    body = assert_problem(refused, 422, code="validation_error")
+    assert body["detail"].startswith(f"model_id: unknown model '{OTHER}'")
+    message = {**text_body("hi"), "controls": {"model_id": OTHER}}
+    refused = await client.post(f"/v1/sessions/{sid}/messages", json=message)
+    body = assert_problem(refused, 422, code="validation_error")
+    assert body["detail"].startswith("controls.model_id: unknown model")
+    assert await table_rows(database) == before
+    message = {**text_body("hi"), "controls": {"model_id": SCRIPTED}}
+    accepted = await client.post(f"/v1/sessions/{sid}/messages", json=message)
+    assert accepted.status_code == 201, accepted.text
+
+
+async def test_a_models_file_lists_the_operators_models(
+    database_url: str, tmp_path: Path
+) -> None:
+    path = models_file(
+        tmp_path,
+        {
+            "models": [
+                {"id": OTHER, "name": "small", "driver": "scripted"},
+                {
+                    "id": LARGE,
+                    "name": "large",
+                    "driver": "scripted",
+                    "provider_model": "large-2026",
+                    "context_tokens": 1_000_000,
+                },
+                {"name": "derived", "driver": "scripted"},
+            ]
+        },
+    )
+    settings = make_settings(database_url, models_file=path)
+    async with running_app(settings) as running:
+        listed = (await running.client.get("/v1/models")).json()
+        assert [m["id"] for m in listed["data"]] == [
+            OTHER,
+            LARGE,
+            derived_id("scripted", "derived"),
+        ]
+        assert listed["data"][1] == {
+            "id": LARGE,
+            "name": "large",
+            "driver": "scripted",
+            "context_tokens": 1_000_000,
+        }
+        assert listed["data"][0]["context_tokens"] == settings.model_context_tokens
+        created = await running.client.post("/v1/sessions", json={"model_id": LARGE})
+        assert created.status_code == 201, created.text
+        # The default catalog's model is not in this one.
+        refused = await running.client.post("/v1/sessions", json={"model_id": SCRIPTED})
+        assert_problem(refused, 422, code="validation_error")
+
+
+BAD_FILES = [
+    ({"models": []}, "with at least one"),
+    ([{"name": "x"}], "with at least one"),
+    ({"models": [{"name": ""}]}, "models[0].name"),
+    ({"models": [{"name": "x", "driver": "gpt"}]}, "models[0].driver"),
+    ({"models": [{"name": "x", "id": "model_12"}]}, "models[0].id"),
+    ({"models": [{"name": "x", "context_tokens": 10}]}, "models[0].context_tokens"),
+    ({"models": [{"name": "x", "context_tokens": True}]}, "models[0].context_tokens"),
+    ({"models": [{"name": "x", "colour": "red"}]}, "unknown field 'colour'"),
+    ({"models": [{"name": "x"}, {"name": "x"}]}, "listed twice"),
+]
+
+
+@pytest.mark.parametrize(("document", "named"), BAD_FILES)
+def test_a_bad_models_file_is_refused_naming_what_is_wrong(
+    tmp_path: Path, document: Any, named: str
+) -> None:
+    settings = Settings(models_file=models_file(tmp_path, document))
+    with pytest.raises(ConfigError) as refused:
+        load_catalog(settings)
+    assert named in str(refused.value)
+    assert str(refused.value).startswith("MODELS_FILE (")
+
+
+async def test_the_server_refuses_to_start_with_a_bad_models_file_in_one_line(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MODELS_FILE", str(tmp_path / "missing.json"))
+    result = await run_cli(database_url, "serve")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert result.stderr.startswith("invalid configuration: MODELS_FILE (")
+    assert "cannot be read" in result.stderr
+    assert "Traceback" not in result.stderr

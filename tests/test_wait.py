@@ -1,0 +1,189 @@
+"""`POST .../messages?wait=true&timeout_ms=N` over real HTTP against a server process:
+the answer comes when the turn ends (completed, failed, cancelled, steered into), or as
+a timeout; bad values are 400 and open waits count against the stream limits."""
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from tests.helpers import (
+    api_fixture,
+    assert_problem,
+    assert_too_many,
+    create_session,
+    list_messages,
+    live_server_fixture,
+    post_message,
+    text_body,
+    text_of,
+    wait_idle,
+    wait_until,
+)
+
+# Two open waits per session at most, so the limit is reachable from one test.
+live_server = live_server_fixture(
+    "wait", SCRIPTED_DELAY_MS="5", SSE_MAX_PER_SESSION="2"
+)
+api = api_fixture()
+
+
+async def post_wait(
+    api: httpx.AsyncClient, session_id: str, text: str, **params: Any
+) -> httpx.Response:
+    return await api.post(
+        f"/v1/sessions/{session_id}/messages",
+        params={"wait": "true", **params},
+        json=text_body(text),
+        timeout=30,
+    )
+
+
+def agent_messages(page: dict[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in page["data"] if m["role"] == "agent"]
+
+
+async def test_a_wait_answers_with_the_finished_turn(api: httpx.AsyncClient) -> None:
+    sid = await create_session(api)
+    response = await post_wait(api, sid, "hello there friend")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["status"] == "completed"
+    assert "error" not in body
+    assert body["message"]["role"] == "user"
+    assert body["message"]["delivery"] == "started"
+    assert text_of(body["message"]) == "hello there friend"
+    # The turn's agent messages, exactly as the list serves them: nothing is still
+    # streaming when the answer comes.
+    assert body["messages"] == agent_messages(await list_messages(api, sid))
+    assert [text_of(m) for m in body["messages"]] == ["hello there friend"]
+    assert body["messages"][0]["state"] == "done"
+    assert body["messages"][0]["turn_id"] == body["message"]["turn_id"]
+    assert (await wait_idle(api, sid))["status"] == "idle"
+
+
+async def test_a_failed_turn_answers_failed_with_its_error(
+    api: httpx.AsyncClient,
+) -> None:
+    sid = await create_session(api)
+    response = await post_wait(api, sid, "/scenario fail")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["status"] == "failed"
+    assert body["error"]["code"] == "model_error"
+    assert "failed mid-stream" in body["error"]["message"]
+    [reply] = body["messages"]
+    assert any(p["type"] == "error" for p in reply["content"])
+
+
+async def test_a_cancelled_turn_answers_failed_as_cancelled(
+    api: httpx.AsyncClient,
+) -> None:
+    sid = await create_session(api)
+    waiting = asyncio.create_task(post_wait(api, sid, "/scenario long 100000"))
+    await wait_until(
+        lambda: _status(api, sid, "active"), "the turn to start", within=10
+    )
+    cancel = await api.post(f"/v1/sessions/{sid}/cancel")
+    assert cancel.status_code == 200, cancel.text
+    response = await asyncio.wait_for(waiting, 20)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["status"] == "failed"
+    assert body["error"]["code"] == "cancelled_by_user"
+
+
+async def _status(api: httpx.AsyncClient, sid: str, status: str) -> bool:
+    response = await api.get(f"/v1/sessions/{sid}")
+    return bool(response.json()["status"] == status)
+
+
+async def test_a_wait_that_outlasts_its_timeout_answers_202(
+    api: httpx.AsyncClient,
+) -> None:
+    sid = await create_session(api)
+    response = await post_wait(api, sid, "/scenario long 100000", timeout_ms=200)
+    assert response.status_code == 202, response.text
+    body = response.json()
+    assert body["status"] == "timeout"
+    assert body["message"]["delivery"] == "started"
+    # The message is stored and its turn goes on.
+    page = await list_messages(api, sid)
+    assert page["data"][0]["id"] == body["message"]["id"]
+    assert (await api.get(f"/v1/sessions/{sid}")).json()["status"] == "active"
+    await api.post(f"/v1/sessions/{sid}/cancel")
+    await wait_idle(api, sid)
+
+
+async def test_a_steering_message_waits_for_the_running_turn(
+    api: httpx.AsyncClient,
+) -> None:
+    sid = await create_session(api)
+    await post_message(api, sid, "/scenario long 200")
+    response = await post_wait(api, sid, "and one more thing")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["message"]["delivery"] == "steered"
+    assert body["status"] == "completed"
+    # It joined the running turn: the turn's reply answers both messages.
+    assert body["messages"] == agent_messages(await list_messages(api, sid))
+    assert text_of(body["messages"][-1]).endswith("and one more thing")
+
+
+async def test_a_repeated_wait_answers_the_same_turn(api: httpx.AsyncClient) -> None:
+    sid = await create_session(api)
+    request = {**text_body("once only"), "client_message_id": "wait-retry-1"}
+    url = f"/v1/sessions/{sid}/messages"
+    first = await api.post(url, params={"wait": "true"}, json=request, timeout=30)
+    again = await api.post(url, params={"wait": "true"}, json=request, timeout=30)
+    assert first.status_code == again.status_code == 200
+    assert again.json()["message"]["delivery"] == "duplicate"
+    assert again.json()["messages"] == first.json()["messages"]
+    assert (await list_messages(api, sid))["total"] == 2
+
+
+async def test_bad_timeouts_are_400_and_store_nothing(api: httpx.AsyncClient) -> None:
+    sid = await create_session(api)
+    for value in ("0", "600001", "-5", "soon", "1.5"):
+        response = await post_wait(api, sid, "never stored", timeout_ms=value)
+        assert_problem(response, 400, code="invalid_parameter")
+        assert response.json()["detail"].startswith("timeout_ms: ")
+    response = await api.post(
+        f"/v1/sessions/{sid}/messages",
+        params={"wait": "maybe"},
+        json=text_body("never stored"),
+    )
+    assert_problem(response, 400, code="invalid_parameter")
+    assert response.json()["detail"].startswith("wait: ")
+    assert (await list_messages(api, sid))["total"] == 0
+    assert (await api.get(f"/v1/sessions/{sid}")).json()["status"] == "started"
+
+
+async def test_waits_share_the_stream_limits(api: httpx.AsyncClient) -> None:
+    sid = await create_session(api)
+    first = asyncio.create_task(post_wait(api, sid, "/scenario long 100000"))
+    await wait_until(lambda: _status(api, sid, "active"), "the first turn", within=10)
+    second = asyncio.create_task(post_wait(api, sid, "steer one"))
+    await wait_until(lambda: _has_text(api, sid, "steer one"), "the steer", within=10)
+    # Two waits are open on this session: a third is refused and stores nothing.
+    before = await list_messages(api, sid)
+    refused = await post_wait(api, sid, "never stored")
+    assert_too_many(
+        refused, detail="per-session wait limit reached (open streams and waits)"
+    )
+    after = await list_messages(api, sid)
+    assert after["total"] == before["total"]
+    assert not any(text_of(m) == "never stored" for m in after["data"])
+    await api.post(f"/v1/sessions/{sid}/cancel")
+    for task in (first, second):
+        response = await asyncio.wait_for(task, 20)
+        assert response.status_code == 200, response.text
+        assert response.json()["error"]["code"] == "cancelled_by_user"
+    # The slots are back: a wait is admitted again.
+    response = await post_wait(api, sid, "after the limit")
+    assert response.status_code == 200, response.text
+
+
+async def _has_text(api: httpx.AsyncClient, sid: str, text: str) -> bool:
+    page = await list_messages(api, sid)
+    return any(m["role"] == "user" and text_of(m) == text for m in page["data"])
