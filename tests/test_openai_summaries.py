@@ -2,6 +2,7 @@
 summarized by the model (a plain Chat Completions request to the local fake server)
 and the next request carries the summary instead of the old messages."""
 
+import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -43,14 +44,19 @@ async def test_old_history_is_replaced_by_the_models_summary(
         "id"
     ]
     long = " ".join(f"word{i}" for i in range(600))
-    first = f"hello {long}"
+    first = f"hello {uuid.uuid4().hex} {long}"
     await post_message(api, sid, first)
     await wait_idle(api, sid)
-    second = "hello again"
+    second = f"hello again {uuid.uuid4().hex}"
     await post_message(api, sid, second)
     await wait_idle(api, sid)
 
-    plain = [r for r in fake.requests if not r.body.get("stream")]
+    plain = [
+        r
+        for r in fake.requests
+        if not r.body.get("stream")
+        and any(m.get("content") == first for m in r.body["messages"])
+    ]
     assert len(plain) == 1, "one summary request"
     asked = plain[0].body["messages"]
     assert asked[-1]["role"] == "user" and asked[-1]["content"].startswith("Summarize")
