@@ -1142,8 +1142,17 @@ class TurnRunner:
                 elif isinstance(event, Retrying):
                     await self._publish(step.session_id, self._warning(step, event))
                     if event.will_retry and step.parts:
-                        # The step starts over; the parts so far are void.
+                        # The step starts over; the parts so far are void. Processes
+                        # drop their projection of them (late joiners get only the
+                        # new ones); clients holding them get the same part ids
+                        # again from empty.
                         step.restart()
+                        await self._owned(step.session_id)
+                        await asyncio.shield(
+                            self.bus.publish(
+                                StepEnded(step.session_id, step.message_id)
+                            )
+                        )
                         tool_calls = []
                         text_part = reasoning_part = None
                         tool_parts = {}
