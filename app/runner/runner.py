@@ -1036,7 +1036,9 @@ class TurnRunner:
             )
             if streaming.done():
                 return streaming.result()
-            # A cancel was requested.
+            # A cancel was requested (or reading whether one was failed: raised here,
+            # as the step's own failure would be).
+            watching.result()
             streaming.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await streaming
