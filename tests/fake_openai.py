@@ -176,6 +176,20 @@ class FakeOpenAI:
         if scenario == "drop" and attempt == 1:
             # Cut mid-stream: no finish, no [DONE]; the connection drops.
             return [*_text_chunks(["Lost ", "words "], None), {"drop": True}]
+        if scenario == "toolslow":
+            if not has_results:
+                return [
+                    _delta({"role": "assistant", "content": None}),
+                    _delta(
+                        {
+                            "tool_calls": [
+                                _call_start(0, "call_one", "lookup", '{"query": "x"}')
+                            ]
+                        }
+                    ),
+                    _finish("tool_calls"),
+                ]
+            scenario = "slow"
         if scenario == "slow":
             return [{"sleep": 0.2, **_delta({"content": f"w{i} "})} for i in range(200)]
         return _text_chunks(["Hello ", "from ", "the ", "fake ", "model."], "stop")

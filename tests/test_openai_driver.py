@@ -470,3 +470,29 @@ def test_a_bad_model_setting_stops_start_up_with_one_line(
     assert lines[0].startswith("invalid configuration: ")
     assert named in lines[0]
     assert "Traceback" not in result.stderr
+
+
+async def test_a_cancelled_turn_reports_the_usage_of_its_committed_steps(
+    api: httpx.AsyncClient,
+) -> None:
+    sid = await new_session(api)
+    sse = await SSEReader(api, f"/v1/sessions/{sid}/sse").start()
+    try:
+        await post_message(api, sid, nonce("toolslow"))
+        await sse.wait_for(
+            lambda fs: sum(f.event == "output.message.delta" for f in fs) >= 2,
+            "the second step streaming",
+        )
+        await api.post(f"/v1/sessions/{sid}/cancel")
+        await wait_idle(api, sid)
+    finally:
+        await sse.close()
+    events = await list_events(api, sid)
+    cancelled = next(e for e in events if e["type"] == "turn.cancelled")["data"]
+    assert cancelled["usage"] == {
+        "input_tokens": 80,
+        "output_tokens": 10,
+        "cache_read_tokens": 20,
+    }
+    session = (await api.get(f"/v1/sessions/{sid}")).json()
+    assert session["usage"] == cancelled["usage"]

@@ -831,6 +831,8 @@ class TurnRunner:
                     {
                         "turn_id": format_id("turn", turn_id),
                         "reason": "cancelled_by_user",
+                        # Upstream's "usage before cancellation": the committed steps'.
+                        **({"usage": turn.usage} if turn.usage else {}),
                     },
                     turn_id=turn_id,
                 ),
