@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from app.catalog.registry import ConfigError, load_catalog
 from app.ops import logs
-from app.settings import Settings, get_settings
+from app.settings import Settings, describe_error, get_settings
 
 log = logging.getLogger("app.cli")
 
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = get_settings()
         load_catalog(settings)
     except ValidationError as exc:
-        print(f"invalid configuration: {exc}", file=sys.stderr)
+        print(f"invalid configuration: {describe_error(exc)}", file=sys.stderr)
         return 2
     except ConfigError as exc:
         print(f"invalid configuration: {exc}", file=sys.stderr)

@@ -230,7 +230,9 @@ def create_app(settings: Settings | None = None) -> Service:
             heartbeat_seconds=settings.sse_heartbeat_seconds,
             send_timeout_seconds=settings.sse_send_timeout_seconds,
         )
-        runner = TurnRunner(settings=settings, database=database, bus=bus)
+        runner = TurnRunner(
+            settings=settings, database=database, bus=bus, catalog=catalog
+        )
         keys = KeyResolver(
             database,
             ttl_seconds=settings.auth_cache_seconds,

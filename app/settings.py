@@ -4,7 +4,7 @@ import ipaddress
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/evermirror.db"
@@ -120,13 +120,25 @@ class Settings(BaseSettings):
     sse_send_timeout_seconds: float = 30.0
 
     # Turn runner.
-    model_driver: Literal["scripted"] = "scripted"
+    model_driver: Literal["scripted", "openai"] = "scripted"
     scripted_delay_ms: int = 20
+    # MODEL_DRIVER=openai: any server speaking OpenAI's Chat Completions (OpenAI, vLLM,
+    # Ollama, llama.cpp server, LM Studio, OpenRouter). Required then: OPENAI_BASE_URL
+    # and OPENAI_MODEL; the key may be empty for local servers that want none.
+    openai_base_url: str | None = None
+    openai_api_key: str | None = None
+    openai_model: str | None = None
+    # One model request (connect, and each wait for the next chunk) may take this long.
+    model_timeout_seconds: float = Field(default=60.0, gt=0)
+    # Retries of a request that failed with 429, a 5xx, a timeout or a dropped
+    # connection (the service's own, announced live; the client library's are off).
+    model_max_retries: int = Field(default=3, ge=0, le=20)
     # The model catalog (app/catalog): a JSON file of the models sessions and messages
     # may select; unset, the catalog is the configured driver's one model.
     models_file: str | None = None
     # The context size, in tokens, of the default model (and of a MODELS_FILE entry
-    # that does not say).
+    # that does not say): the budget the Composer fits history into
+    # (app/runner/composer.py), the reply's share included.
     model_context_tokens: int = Field(default=128_000, ge=1_000, le=10_000_000)
     # PostgreSQL: how often a node sweeps for turns whose runner died, and how long a
     # runner must have gone without renewing its lease before another node takes the
@@ -168,6 +180,23 @@ class Settings(BaseSettings):
             ipaddress.ip_network(item, strict=False)
         return value
 
+    @field_validator("openai_base_url")
+    @classmethod
+    def _check_base_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value or None
+
+    @model_validator(mode="after")
+    def _check_driver(self) -> "Settings":
+        if self.model_driver == "openai":
+            for name in ("openai_base_url", "openai_model"):
+                if not getattr(self, name):
+                    raise ValueError(
+                        f"{name.upper()} is required with MODEL_DRIVER=openai"
+                    )
+        return self
+
     @property
     def instances(self) -> int:
         """The processes sharing the service's budgets."""
@@ -186,6 +215,23 @@ class Settings(BaseSettings):
         """How often the node holding a runner lease renews it: start-up takes over the
         turns left unrenewed for two of these."""
         return min(max(self.runner_sweep_seconds / 5, 0.1), 1.0)
+
+
+def describe_error(exc: ValidationError) -> str:
+    """One line naming every setting that is wrong, as the environment spells it
+    (`MODEL_DRIVER: Input should be 'scripted' or 'openai', got 'x'`): what start-up
+    prints instead of pydantic's multi-line report."""
+    problems = []
+    for error in exc.errors():
+        name = ".".join(str(part) for part in error["loc"]).upper()
+        text = str(error["msg"]).removeprefix("Value error, ")
+        if name:
+            got = error.get("input")
+            shown = f", got {got!r}" if isinstance(got, str | int | float) else ""
+            problems.append(f"{name}: {text}{shown}")
+        else:
+            problems.append(text)
+    return "; ".join(problems)
 
 
 @lru_cache

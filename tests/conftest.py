@@ -31,7 +31,7 @@ from app.settings import Settings, normalize_database_url
 ROOT = Path(__file__).resolve().parents[1]
 PG_URL = os.environ.get("TEST_DATABASE_URL")
 LANES = ["sqlite"] + (["postgresql"] if PG_URL else [])
-TABLES = ("events", "messages", "api_keys", "sessions")
+TABLES = ("composer_summaries", "events", "messages", "api_keys", "sessions")
 
 
 @pytest.fixture(scope="session")

@@ -302,7 +302,13 @@ async def table_rows(database: Database) -> Rows:
     """Every row of every table, ordered: equal snapshots mean nothing was written."""
     out: Rows = {}
     async with database.read() as db:
-        for model in (models.Session, models.Message, models.Event, models.ApiKey):
+        for model in (
+            models.Session,
+            models.Message,
+            models.Event,
+            models.ApiKey,
+            models.ComposerSummary,
+        ):
             table = model.__table__
             result = await db.execute(select(*table.columns).order_by(table.c.id))
             out[model.__tablename__] = [tuple(row) for row in result.all()]

@@ -24,7 +24,7 @@ from app.db.migrate import alembic_config, downgrade, upgrade
 from app.settings import normalize_database_url
 from tests.conftest import LANES, PG_URL
 
-APP_TABLES = {"sessions", "events", "messages", "api_keys"}
+APP_TABLES = {"sessions", "events", "messages", "api_keys", "composer_summaries"}
 
 
 async def _admin(sql: str) -> None:

@@ -579,10 +579,12 @@ async def test_scenario_turn_shapes(client: httpx.AsyncClient, scenario: str) ->
     content = agent["content"]
     kinds = [p["type"] for p in content]
     if scenario == "fail":
-        assert kinds == ["error"], (
-            "the unfinished step is discarded, an error part closes"
+        assert kinds == ["text", "error"], (
+            "what the step streamed is kept, an error part closes"
         )
-        assert content[0]["code"] == "model_error"
+        assert content[0]["text"] == "Starting an answer that will not"
+        assert content[0]["step_id"] == "step_1"
+        assert content[1]["code"] == "model_error"
         assert "phase" not in agent
         failed = next(e for e in events if e["type"] == "turn.failed")["data"]
         assert failed["turn_id"] == turn_id

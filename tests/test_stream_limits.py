@@ -105,8 +105,9 @@ async def test_cancel_stops_the_turn_and_closes_the_message_with_an_error(
     assert session["status"] == "idle"
     agent = (await list_messages(api, sid))["data"][-1]
     assert agent == closing
-    # The unfinished step is discarded: only the error part is persisted.
-    assert [p["type"] for p in agent["content"]] == ["error"]
+    # What the unfinished step streamed is kept, then the error part.
+    assert [p["type"] for p in agent["content"]] == ["text", "error"]
+    assert agent["content"][0]["text"].startswith("chunk0 chunk1 chunk2 ")
     names = [e["type"] for e in await list_events(api, sid)]
     assert "turn.completed" not in names
     again = await api.post(f"/v1/sessions/{sid}/cancel")

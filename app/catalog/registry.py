@@ -74,7 +74,12 @@ class Catalog:
 
 def default_model(settings: Settings) -> Model:
     driver = settings.model_driver
-    provider_model = driver
+    # The openai driver's one model is the one it is configured to call.
+    provider_model = (
+        settings.openai_model
+        if driver == "openai" and settings.openai_model
+        else driver
+    )
     return Model(
         id=derived_id(driver, provider_model),
         name=provider_model,

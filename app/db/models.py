@@ -112,3 +112,22 @@ class ApiKey(Base):
     prefix: Mapped[str] = mapped_column(String(24))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class ComposerSummary(Base):
+    """Derived data of the Composer (app/runner/composer.py): a model-written summary of
+    a session's messages from `first_sequence` to `last_sequence`, which stands in for
+    them when history no longer fits the context. It takes no sequence and is never
+    returned by messages, events or streams; it is rebuilt when missing."""
+
+    __tablename__ = "composer_summaries"
+    __table_args__ = (UniqueConstraint("session_id", "last_sequence"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    session_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("sessions.id", ondelete="CASCADE")
+    )
+    first_sequence: Mapped[int] = mapped_column(Integer)
+    last_sequence: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)

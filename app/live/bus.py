@@ -30,6 +30,7 @@ from app.live.items import (
     Deleted,
     KeysChanged,
     Kick,
+    ModelWarning,
     PartStarted,
     RepublishParts,
     Resync,
@@ -129,6 +130,17 @@ def encode(item: BusItem) -> dict[str, Any]:
             "ev": item.event_type,
             "eid": item.event_id,
             "ts": item.ts,
+            **({"tc": item.tool_call_id} if item.tool_call_id is not None else {}),
+        }
+    if isinstance(item, ModelWarning):
+        return {
+            "k": "warn",
+            "s": item.session_id.hex,
+            "m": item.message_id.hex if item.message_id is not None else None,
+            "turn": item.turn_id,
+            "eid": item.event_id,
+            "ts": item.ts,
+            "data": item.data,
         }
     if isinstance(item, PartStarted):
         return {
@@ -168,6 +180,16 @@ def decode(data: dict[str, Any]) -> BusItem:
             data["ev"],
             data["eid"],
             data["ts"],
+            data.get("tc"),
+        )
+    if kind == "warn":
+        return ModelWarning(
+            uuid.UUID(hex=data["s"]),
+            uuid.UUID(hex=data["m"]) if data["m"] else None,
+            data["turn"],
+            data["eid"],
+            data["ts"],
+            data["data"],
         )
     if kind == "p":
         return PartStarted(

@@ -19,6 +19,7 @@ from app.live.items import (
     Deleted,
     KeysChanged,
     Kick,
+    ModelWarning,
     PartStarted,
     RepublishParts,
     Resync,
@@ -86,7 +87,7 @@ class Dispatcher:
     def deliver(self, item: BusItem) -> None:
         metrics = self.metrics
         published = None if metrics is None else self._count(metrics, item)
-        if isinstance(item, TextDelta | PartStarted | StepEnded):
+        if isinstance(item, TextDelta | PartStarted | StepEnded | ModelWarning):
             self.fanout.deliver(item)
             if published is not None and metrics is not None:
                 metrics.fanout_lag.observe((), max(0.0, time.time() - published))

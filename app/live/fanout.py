@@ -29,6 +29,7 @@ from app.live import frames
 from app.live.items import (
     Deleted,
     LiveItem,
+    ModelWarning,
     PartStarted,
     Resync,
     StepEnded,
@@ -86,6 +87,14 @@ class DeltaOut:
     end: int
 
 
+@dataclass(frozen=True, slots=True)
+class WarningOut:
+    """A model retry notice, encoded for both streams."""
+
+    sse_frame: bytes
+    mutation_frame: bytes
+
+
 class Marker:
     __slots__ = ("name",)
 
@@ -107,7 +116,9 @@ GONE = Marker("gone")
 # The key the stream was opened with was revoked.
 REVOKED = Marker("revoked")
 
-Out = EventOut | EventMutationOut | MessageOut | PartOut | DeltaOut | Marker
+Out = (
+    EventOut | EventMutationOut | MessageOut | PartOut | DeltaOut | WarningOut | Marker
+)
 
 
 class Subscription:
@@ -216,10 +227,16 @@ class Projection:
     units: dict[str, int] = field(default_factory=dict)
 
 
+def text_key(part: dict[str, Any]) -> str:
+    """The field of a live part that deltas extend: a tool call's streamed input, or
+    the text of a text or reasoning part."""
+    return "input_text" if part.get("type") == "tool_call" else "text"
+
+
 def text_units(part: dict[str, Any]) -> int:
-    """The UTF-16 length of a live part's text; 0 for a part without text (a tool call)
-    or with the committed, structured form of a reasoning text."""
-    text = part.get("text")
+    """The UTF-16 length of a live part's text (a tool call's: its input so far); 0
+    for a part without, or with the committed, structured form of a reasoning text."""
+    text = part.get(text_key(part))
     return wire.utf16_len(text) if isinstance(text, str) else 0
 
 
@@ -261,7 +278,15 @@ class Fanout:
     # ---- bus side ------------------------------------------------------------------
 
     def deliver(self, item: Wakeup | Deleted | Resync | LiveItem) -> None:
-        if isinstance(item, TextDelta | PartStarted | StepEnded):
+        if isinstance(item, ModelWarning):
+            self._to_channel(
+                item.session_id,
+                WarningOut(
+                    frames.warning_event(item, self.retry_ms),
+                    frames.warning_mutation(item),
+                ),
+            )
+        elif isinstance(item, TextDelta | PartStarted | StepEnded):
             out = self._project(item)
             if out is not None:
                 self._to_channel(item.session_id, out)
@@ -281,7 +306,7 @@ class Fanout:
         if channel is not None:
             channel.inbox.put_nowait(item)
 
-    def _project(self, item: LiveItem) -> Out | None:
+    def _project(self, item: PartStarted | TextDelta | StepEnded) -> Out | None:
         """Apply a live item to the projection. Returns what subscribers get (a delta
         trimmed of text the projection already has), or None to drop it."""
         if isinstance(item, StepEnded):
@@ -320,11 +345,12 @@ class Fanout:
                 return None
             delta = _trimmed(item, known)
             length -= overlap
-        known_part["text"] = known_part.get("text", "") + delta.text
+        key = text_key(known_part)
+        known_part[key] = accumulated = known_part.get(key, "") + delta.text
         end = projection.units[item.part_id] = delta.offset + length
         return DeltaOut(
             delta,
-            frames.delta_event(delta, known_part["text"], self.retry_ms),
+            frames.delta_event(delta, accumulated, self.retry_ms),
             frames.delta_mutation(delta, delta.offset, delta.text),
             end,
         )
@@ -595,4 +621,5 @@ def _trimmed(delta: TextDelta, known: int) -> TextDelta:
         delta.event_type,
         delta.event_id,
         delta.ts,
+        delta.tool_call_id,
     )

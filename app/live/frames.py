@@ -7,7 +7,14 @@ from typing import Any
 
 from app import wire
 from app.ids import format_id
-from app.live.items import TextDelta
+from app.live.items import MODEL_RETRY, TOOL_INPUT_DELTA, ModelWarning, TextDelta
+
+# What text a delta extends, on the Mutation stream, by its upstream event type.
+DELTA_KINDS = {
+    "output.message.delta": "text",
+    "reason.thinking.delta": "reasoning",
+    TOOL_INPUT_DELTA: "tool_input",
+}
 
 
 def comment(text: str) -> bytes:
@@ -71,8 +78,10 @@ def delta_event(delta: TextDelta, accumulated: str, retry_ms: int) -> bytes:
         "delta": delta.text,
         "accumulated": accumulated,
     }
-    if delta.event_type == "output.message.delta":
+    if delta.event_type in ("output.message.delta", TOOL_INPUT_DELTA):
         data["message_id"] = format_id("message", delta.message_id)
+    if delta.tool_call_id is not None:
+        data["tool_call_id"] = delta.tool_call_id
     envelope = {
         "id": delta.event_id,
         "type": delta.event_type,
@@ -88,11 +97,6 @@ def delta_event(delta: TextDelta, accumulated: str, retry_ms: int) -> bytes:
 # Every Mutation's data starts with `mutation_id` (the same change always has the same
 # one, so a client drops a frame it already applied), `session_id` and `created_at`.
 
-# What a delta extends, by its event type on upstream's stream.
-DELTA_KINDS = {
-    "output.message.delta": "text",
-    "reason.thinking.delta": "reasoning",
-}
 # `turn` Mutations, from the durable events that change a turn's status.
 TURN_STATUS = {
     "turn.started": "running",
@@ -171,6 +175,8 @@ def delta_mutation(delta: TextDelta, offset: int, text: str) -> bytes:
         "offset": offset,
         "text": text,
     }
+    if delta.tool_call_id is not None:
+        body["tool_call_id"] = delta.tool_call_id
     return frame("delta", wire.dumps(body))
 
 
@@ -193,6 +199,37 @@ def event_mutation(session_id: uuid.UUID, event_type: str, body: str) -> bytes |
     change = {field: data.get(field) if value is None else value}
     head = _head(event["id"], session_id, event["ts"])
     return frame("session", head + b"," + wire.dumps(change)[1:])
+
+
+def warning_event(warning: ModelWarning, retry_ms: int) -> bytes:
+    """Upstream stream: a live event (no `id:`) announcing a model request retry."""
+    data: dict[str, Any] = {"turn_id": warning.turn_id, **warning.data}
+    if warning.message_id is not None:
+        data["message_id"] = format_id("message", warning.message_id)
+    envelope = {
+        "id": warning.event_id,
+        "type": MODEL_RETRY,
+        "ts": warning.ts,
+        "session_id": format_id("session", warning.session_id),
+        "context": {"turn_id": warning.turn_id} if warning.turn_id else {},
+        "data": data,
+    }
+    return frame(MODEL_RETRY, wire.dumps(envelope), retry_ms=retry_ms)
+
+
+def warning_mutation(warning: ModelWarning) -> bytes:
+    """Mutation stream: `warning`, the seed's retry notice."""
+    body: dict[str, Any] = {
+        "mutation_id": warning.event_id,
+        "session_id": format_id("session", warning.session_id),
+        "created_at": warning.ts,
+        "kind": "model_retry",
+        "turn_id": warning.turn_id,
+        **warning.data,
+    }
+    if warning.message_id is not None:
+        body["message_id"] = format_id("message", warning.message_id)
+    return frame("warning", wire.dumps(body))
 
 
 def reset(reason: str) -> bytes:

@@ -55,6 +55,31 @@ class TextDelta:
     event_type: str
     event_id: str
     ts: str
+    # Set on a tool's streamed input (`event_type` TOOL_INPUT_DELTA): the call it is of.
+    tool_call_id: str | None = None
+
+
+# The live event type of a tool call's streamed arguments on `/sse`. Upstream has no
+# such event (its tool calls arrive whole); the Mutation stream's `delta` says
+# `kind: "tool_input"`.
+TOOL_INPUT_DELTA = "tool.call.input.delta"
+# The live event of a model request being retried, on `/sse`; `warning` on the
+# Mutation stream.
+MODEL_RETRY = "llm.retry"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelWarning:
+    """A model request of a running turn failed and is (or is not) tried again: live
+    only, never stored. `data` holds attempt, max_attempts, code, message, will_retry
+    and retry_in_ms."""
+
+    session_id: uuid.UUID
+    message_id: uuid.UUID | None
+    turn_id: str | None
+    event_id: str
+    ts: str
+    data: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +117,10 @@ BusItem = (
     | KeysChanged
     | PartStarted
     | TextDelta
+    | ModelWarning
     | StepEnded
     | Kick
     | RepublishParts
     | Resync
 )
-LiveItem = PartStarted | TextDelta | StepEnded
+LiveItem = PartStarted | TextDelta | ModelWarning | StepEnded

@@ -11,6 +11,7 @@ from app.errors import problem_responses
 from app.events.router import EVENT_ID_SCHEMA, TypeFilter
 from app.events.types import VALID_EVENT_TYPES
 from app.live import service
+from app.live.items import MODEL_RETRY, TOOL_INPUT_DELTA
 from app.live.response import EventStreamResponse
 from app.schemas import INT32_DIGITS, MAX_INT32
 
@@ -95,13 +96,16 @@ UPSTREAM_SSE_RESPONSES = _sse_responses(
         ),
         _frame({"const": "disconnecting"}, DISCONNECTING_FRAME),
         _frame({"type": "string", "enum": sorted(VALID_EVENT_TYPES)}, EVENT_REF),
+        # Live events beyond upstream's list (never stored): a tool call's streamed
+        # arguments, and a model request being retried.
+        _frame({"type": "string", "enum": [MODEL_RETRY, TOOL_INPUT_DELTA]}, EVENT_REF),
     ],
     {"type": "string", "pattern": "^event_[0-9a-f]{32}$"},
 )
 MUTATION_SSE_RESPONSES = _sse_responses(
     "The Mutation stream: a `retry:` line first, `message` snapshots (`id:` = cursor), "
     "`part` and `delta` of the live projection (`offset` in UTF-16 code units), "
-    "`reset`, `disconnecting` before every close the server decides; `: ping` comments",
+    "`warning` (a model request retried), `reset`, `disconnecting` before every close the server decides; `: ping` comments",
     [
         _frame({"const": "message"}, _object(["message"], message=MESSAGE_REF)),
         _frame(
@@ -116,12 +120,44 @@ MUTATION_SSE_RESPONSES = _sse_responses(
         _frame(
             {"const": "delta"},
             _object(
-                ["message_id", "revision", "part_id", "offset", "text"],
+                ["message_id", "revision", "part_id", "offset", "text", "kind"],
                 message_id=STR,
                 revision=INT,
                 part_id=STR,
                 offset=UTF16_OFFSET,
                 text=STR,
+                kind={
+                    "type": "string",
+                    "enum": ["text", "reasoning", "tool_input"],
+                    "description": "What the text extends: a text part, a reasoning "
+                    "part, or a tool call's streamed arguments (`tool_input`)",
+                },
+                tool_call_id={
+                    "type": "string",
+                    "description": "With `kind: tool_input`: the call it is of",
+                },
+            ),
+        ),
+        _frame(
+            {"const": "warning"},
+            _object(
+                ["kind", "attempt", "max_attempts", "code", "will_retry"],
+                kind={"const": "model_retry"},
+                attempt=INT,
+                max_attempts=INT,
+                code={
+                    "type": "string",
+                    "description": "The provider's HTTP status, or `timeout`, "
+                    "`connection_error`, `stream_error`",
+                },
+                message=STR,
+                will_retry={"type": "boolean"},
+                retry_in_ms=INT,
+                turn_id=STR,
+                message_id=STR,
+                mutation_id=STR,
+                session_id=STR,
+                created_at=STR,
             ),
         ),
         _frame({"const": "reset"}, _object(["reason"], reason=STR)),

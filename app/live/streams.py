@@ -34,10 +34,12 @@ from app.live.fanout import (
     Marker,
     MessageOut,
     PartOut,
+    WarningOut,
     checkpoint_order,
     message_frame,
     text_units,
 )
+from app.live.items import MODEL_RETRY
 
 REPLAY_PAGE = 500
 
@@ -128,6 +130,9 @@ async def upstream_events(
             # Deltas first: nearly every item of a streaming turn is one.
             if type(item) is DeltaOut:
                 if accept(item.delta.event_type):
+                    yield item.sse_frame
+            elif isinstance(item, WarningOut):
+                if accept(MODEL_RETRY):
                     yield item.sse_frame
             elif isinstance(item, EventOut):
                 if item.sequence <= position.sequence:
@@ -276,6 +281,8 @@ async def message_mutations(
             elif isinstance(item, PartOut):
                 sent[item.part_id] = item.text_length
                 yield item.frame
+            elif isinstance(item, WarningOut):
+                yield item.mutation_frame
             elif item is HEARTBEAT:
                 if config.keepalive is not None:
                     yield config.keepalive

@@ -448,12 +448,22 @@ async def close_message(
     *,
     error: tuple[str, str] | None = None,
     then: Sequence[EventSpec] = (),
+    partial: Sequence[dict[str, Any]] = (),
+    step_id: str | None = None,
 ) -> Checkpoint:
     """Close a streaming message (`state: done`); with `error` = (code, text), append an
-    error part first: how an interrupted or failed message is persisted. Events in
-    `then` (turn outcome, session.idled) are appended in the same checkpoint."""
+    error part first: how an interrupted or failed message is persisted. `partial` is
+    what the unfinished step `step_id` streamed before it was cut off (a cancel, a
+    model failure): its parts are kept, ahead of the error part, at the same revision.
+    Events in `then` (turn outcome, session.idled) are appended in the same
+    checkpoint."""
     now = utcnow()
     _touch(message, now)
+    if partial:
+        message.content = [
+            *message.content,
+            *number_parts("agent", message.content, partial, step_id),
+        ]
     if error is not None:
         code, text = error
         message.content = [

@@ -4,11 +4,14 @@ default: deterministic and offline, with scenarios that exercise every part type
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.wire import utf16_len
+
+if TYPE_CHECKING:
+    from app.settings import Settings
 
 
 @dataclass
@@ -22,10 +25,41 @@ class ReasoningDelta:
 
 
 @dataclass
+class ToolCallStarted:
+    """A tool call began streaming: its part exists from here, its arguments follow as
+    `ToolInputDelta`s, and a `ToolCall` with the same id completes it."""
+
+    id: str
+    name: str
+
+
+@dataclass
+class ToolInputDelta:
+    id: str
+    text: str
+
+
+@dataclass
 class ToolCall:
     id: str
     name: str
     arguments: dict[str, Any]
+    # Set when the streamed arguments were not a JSON object: the tool fails without
+    # running (`arguments` is then empty).
+    error: str | None = None
+
+
+@dataclass
+class Retrying:
+    """The model request failed and is tried again (or not: `will_retry`). Whatever the
+    step streamed before is void: the step starts over."""
+
+    attempt: int
+    max_attempts: int
+    code: str
+    message: str
+    will_retry: bool
+    delay_ms: int
 
 
 @dataclass
@@ -41,7 +75,16 @@ class StepFinish:
     usage: dict[str, Any] = field(default_factory=dict)
 
 
-ModelEvent = TextDelta | ReasoningDelta | ToolCall | Annotations | StepFinish
+ModelEvent = (
+    TextDelta
+    | ReasoningDelta
+    | ToolCallStarted
+    | ToolInputDelta
+    | ToolCall
+    | Retrying
+    | Annotations
+    | StepFinish
+)
 
 
 class ModelError(Exception):
@@ -51,17 +94,31 @@ class ModelError(Exception):
 @dataclass
 class Turn:
     """What a driver sees: the conversation so far (wire messages, oldest first), the
-    step number within the turn, and tool results of the previous step."""
+    step number within the turn, and tool results of the previous step. `model_input`
+    is the same history composed for the model (app/runner/composer.py: Chat
+    Completions messages, system prompt first, fitted to the context budget) and
+    `tools` the tool definitions offered to it; the scripted driver reads only the
+    wire messages, but the runner composes for every driver."""
 
     messages: list[dict[str, Any]]
     iteration: int
     tool_results: list[dict[str, Any]]
+    model_input: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    # The provider's name of the model selected from the catalog (None: the
+    # driver's configured one).
+    model: str | None = None
 
 
 class Driver(Protocol):
     name: str
 
-    def step(self, turn: Turn) -> AsyncIterator[ModelEvent]: ...
+    def step(self, turn: Turn) -> AsyncGenerator[ModelEvent, None]: ...
+
+    async def summarize(self, messages: list[dict[str, Any]]) -> str:
+        """A summary of the conversation in `messages` (Chat Completions messages
+        from the Composer's `summary_request`, the instruction last)."""
+        ...
 
 
 SCENARIO = re.compile(r"^/scenario\s+(\w+)(?:\s+(.*))?$", re.DOTALL)
@@ -105,13 +162,24 @@ class ScriptedDriver:
         if self.delay > 0:
             await asyncio.sleep(self.delay)
 
+    async def summarize(self, messages: list[dict[str, Any]]) -> str:
+        """Deterministic: how many messages, and the start of each user message."""
+        said = [
+            m["content"][:80]
+            for m in messages[:-1]
+            if m["role"] == "user" and isinstance(m["content"], str)
+        ]
+        return f"{len(messages) - 1} earlier messages; the user said: " + " | ".join(
+            said
+        )
+
     async def _words(self, text: str) -> AsyncIterator[ModelEvent]:
         words = text.split(" ")
         for index, word in enumerate(words):
             await self._pause()
             yield TextDelta(word if index == len(words) - 1 else word + " ")
 
-    async def step(self, turn: Turn) -> AsyncIterator[ModelEvent]:
+    async def step(self, turn: Turn) -> AsyncGenerator[ModelEvent, None]:
         text = latest_user_text(turn.messages)
         match = SCENARIO.match(text)
         scenario, args = (
@@ -181,6 +249,21 @@ class ScriptedDriver:
             yield StepFinish()
 
 
+# The built-in tools, offered to real models as Chat Completions function tools.
+BUILTIN_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "builtin",
+        "name": "lookup",
+        "description": "Look a question up in the service's built-in knowledge base.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "The question"}},
+            "required": ["query"],
+        },
+    }
+]
+
+
 async def run_tool(name: str, arguments: dict[str, Any]) -> Any:
     """The built-in tools the scripted scenarios call."""
     if name == "lookup":
@@ -188,7 +271,12 @@ async def run_tool(name: str, arguments: dict[str, Any]) -> Any:
     raise ModelError(f"unknown tool {name}")
 
 
-def create_driver(name: str, delay_ms: int) -> Driver:
-    if name == "scripted":
-        return ScriptedDriver(delay_ms)
-    raise ValueError(f"unknown model driver {name!r}")
+def create_driver(settings: "Settings") -> Driver:
+    if settings.model_driver == "scripted":
+        return ScriptedDriver(settings.scripted_delay_ms)
+    if settings.model_driver == "openai":
+        # Imported here: the scripted default never loads the openai package.
+        from app.runner.openai_driver import OpenAIDriver
+
+        return OpenAIDriver(settings)
+    raise ValueError(f"unknown model driver {settings.model_driver!r}")

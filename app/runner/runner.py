@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import or_, select
+from sqlalchemy import insert, or_, select
+from sqlalchemy.exc import IntegrityError
 
 from app import wire
+from app.catalog.registry import Catalog, Model
 from app.db import models
 from app.db.dialect import Regain, create_leases
 from app.db.session import Database
@@ -33,7 +35,9 @@ from app.events.service import EventSpec
 from app.ids import format_id, uuid7
 from app.live.bus import Bus
 from app.live.items import (
+    TOOL_INPUT_DELTA,
     Kick,
+    ModelWarning,
     PartStarted,
     RepublishParts,
     Resync,
@@ -44,13 +48,18 @@ from app.live.items import (
 from app.messages import checkpoint
 from app.metrics import Metrics
 from app.ops import logs, traces
+from app.runner import composer
 from app.runner.drivers import (
+    BUILTIN_TOOLS,
     Annotations,
     ModelError,
     ReasoningDelta,
+    Retrying,
     StepFinish,
     TextDelta,
     ToolCall,
+    ToolCallStarted,
+    ToolInputDelta,
     Turn,
     create_driver,
     run_tool,
@@ -88,6 +97,16 @@ class TurnProgress:
     tool_count: int = 0
     consumed: int = 0
     message: MessageRow | None = None
+    # Token usage of each committed step, by step number (set again, never added, so a
+    # retried checkpoint counts once).
+    step_usage: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        total: dict[str, Any] | None = None
+        for usage in self.step_usage.values():
+            total = sessions_service.add_usage(total, usage)
+        return total
 
 
 class Outage:
@@ -112,6 +131,19 @@ class Landed:
     message: MessageRow | None
 
 
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a step starts from (see `TurnRunner._history`)."""
+
+    messages: list[dict[str, Any]]
+    model_input: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    consumed: int
+    cancelled: bool
+    # The provider's name of the model the step runs (None: the driver's own).
+    model: str | None = None
+
+
 @dataclass
 class LiveStep:
     """The projection of one model Step of a streaming message."""
@@ -126,6 +158,11 @@ class LiveStep:
     # The UTF-16 length of each live part's text (the offset of its next delta), kept
     # per delta: measuring the whole text on every delta would be quadratic.
     units: dict[str, int] = field(default_factory=dict)
+    # The step's token usage, as the model reported it.
+    usage: dict[str, Any] = field(default_factory=dict)
+    # Tool calls whose arguments were not valid JSON: committed failed, never run. The
+    # turn goes on, so the model sees why.
+    failed_calls: list[ToolCall] = field(default_factory=list)
 
     def new_part(self, part: dict[str, Any]) -> dict[str, Any]:
         sequence = self.first_sequence + len(self.parts)
@@ -146,7 +183,14 @@ class LiveStep:
             dict(part),
         )
 
-    def delta(self, part_id: str, offset: int, text: str, event_type: str) -> LiveDelta:
+    def delta(
+        self,
+        part_id: str,
+        offset: int,
+        text: str,
+        event_type: str,
+        tool_call_id: str | None = None,
+    ) -> LiveDelta:
         return LiveDelta(
             self.session_id,
             self.message_id,
@@ -158,17 +202,55 @@ class LiveStep:
             event_type,
             format_id("event", uuid7()),
             wire.event_ts(utcnow()),
+            tool_call_id,
         )
+
+    def restart(self) -> None:
+        """The model request is tried again: what it streamed is void. The same part
+        ids start over (their `part` frames replace what clients hold)."""
+        self.parts = []
+        self.units = {}
+        self.phase = None
+        self.usage = {}
+        self.failed_calls = []
+
+    def settled(self) -> list[dict[str, Any]]:
+        """The step's parts as they stand, in their committed form: reasoning text in
+        upstream's structure, a tool call's streamed input replaced by its arguments,
+        and tool calls that never got to run (the step was cut off) failed."""
+        parts = []
+        for live in self.parts:
+            part = dict(live)
+            if part["type"] == "reasoning" and isinstance(part.get("text"), str):
+                part["text"] = {"kind": "plain", "text": part["text"]}
+            elif part["type"] == "tool_call":
+                part.pop("input_text", None)
+                if part.get("status") in (None, "input_streaming", "requested"):
+                    part["status"] = "failed"
+                    part.setdefault("error", "The turn ended before this tool ran")
+                    part.setdefault("arguments", {})
+            parts.append(part)
+        return parts
 
 
 class TurnRunner:
-    def __init__(self, *, settings: Settings, database: Database, bus: Bus) -> None:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        database: Database,
+        bus: Bus,
+        catalog: Catalog | None = None,
+    ) -> None:
         self.settings = settings
+        # The models sessions and messages select (their name for the provider, their
+        # context size); None: the driver's own model and MODEL_CONTEXT_TOKENS.
+        self.catalog = catalog
         self.database = database
         self.bus = bus
         # Set by the application when metrics are on.
         self.metrics: Metrics | None = None
-        self.driver = create_driver(settings.model_driver, settings.scripted_delay_ms)
+        self.driver = create_driver(settings)
         self.leases = create_leases(
             settings.database_url, renew_seconds=settings.runner_renew_seconds
         )
@@ -389,11 +471,13 @@ class TurnRunner:
             delay = min(delay * 2, self.settings.runner_renew_seconds)
 
     async def _publish(
-        self, session_id: uuid.UUID, item: PartStarted | LiveDelta
+        self, session_id: uuid.UUID, item: PartStarted | LiveDelta | ModelWarning
     ) -> None:
-        """A live frame of the turn: only while this process owns it."""
+        """A live frame of the turn: only while this process owns it. Shielded: a
+        cancel stops the step streaming it (see `_stream_step`), but never a publish
+        half-sent (on PostgreSQL that would break the shared NOTIFY connection)."""
         await self._owned(session_id)
-        await self.bus.publish(item)
+        await asyncio.shield(self.bus.publish(item))
 
     async def _checkpoint(
         self,
@@ -500,33 +584,155 @@ class TurnRunner:
             )
         return requested is not None
 
-    async def _history(
-        self, session_id: uuid.UUID
-    ) -> tuple[list[dict[str, Any]], int, bool]:
-        """The recent conversation for the model, the newest user message sequence it
-        includes, and whether a cancel was requested (read first: a cancel that
-        commits after it is seen at the step's checkpoint)."""
+    async def _history(self, session_id: uuid.UUID) -> "Context":
+        """The recent conversation for the model (wire messages, and composed for it),
+        the newest user message sequence it includes, and whether a cancel was
+        requested (read first: a cancel that commits after it is seen at the step's
+        checkpoint)."""
         async with self.database.statements() as conn:
-            cancel = await conn.scalar(
-                select(models.Session.cancel_requested_at).where(
-                    models.Session.id == session_id
+            session = (
+                await conn.execute(
+                    select(
+                        models.Session.cancel_requested_at, models.Session.attributes
+                    ).where(models.Session.id == session_id)
                 )
-            )
+            ).one_or_none()
             rows = (
                 await conn.execute(
                     select(
                         models.Message.snapshot,
                         models.Message.role,
                         models.Message.sequence,
+                        models.Message.visibility,
+                        models.Message.content,
                     )
                     .where(models.Message.session_id == session_id)
                     .order_by(models.Message.sequence.desc())
                     .limit(HISTORY_FOR_MODEL)
                 )
             ).all()
-        consumed = max((seq for _, role, seq in rows if role == "user"), default=0)
-        history = [wire.loads(snapshot) for snapshot, *_ in reversed(rows)]
-        return history, consumed, cancel is not None
+        cancel, attributes = session if session is not None else (None, {})
+        attributes = attributes or {}
+        rows = list(reversed(rows))
+        consumed = max((row.sequence for row in rows if row.role == "user"), default=0)
+        tools = [*BUILTIN_TOOLS, *(attributes.get("tools") or ())]
+        history = [
+            composer.HistoryMessage(
+                row.sequence, row.role, row.visibility, list(row.content)
+            )
+            for row in rows
+        ]
+        messages = [wire.loads(row.snapshot) for row in rows]
+        model = self._model(attributes, messages)
+        context_tokens = (
+            model.context_tokens
+            if model is not None
+            else self.settings.model_context_tokens
+        )
+        fitted = functools.partial(
+            composer.fit,
+            history,
+            system_prompt=attributes.get("system_prompt"),
+            provider=self.driver.name,
+            context_tokens=context_tokens,
+        )
+        composition = fitted()
+        if composition.omitted_through is not None:
+            summary = await self._summary(
+                session_id, history, composition.omitted_through, context_tokens
+            )
+            if summary is not None:
+                composition = fitted(summary=summary)
+        return Context(
+            messages,
+            composition.messages,
+            tools,
+            consumed,
+            cancel is not None,
+            model.provider_model
+            if model is not None and model.driver == self.driver.name
+            else None,
+        )
+
+    def _model(
+        self, attributes: dict[str, Any], messages: list[dict[str, Any]]
+    ) -> Model | None:
+        """The catalog model of the next step: the newest user message's
+        `controls.model_id`, else the session's `model_id`, else the default."""
+        if self.catalog is None:
+            return None
+        chosen = attributes.get("model_id")
+        for message in reversed(messages):
+            if message["role"] == "user":
+                chosen = (message.get("controls") or {}).get("model_id") or chosen
+                break
+        return self.catalog.get(chosen)
+
+    async def _summary(
+        self,
+        session_id: uuid.UUID,
+        history: list[composer.HistoryMessage],
+        through: int,
+        context_tokens: int,
+    ) -> composer.Summary | None:
+        """A summary of the session's messages up to at least `through`: the newest
+        stored one if it reaches that far; otherwise the model writes one (extending
+        the newest stored, which it then replaces as the one in use) and it is stored
+        as derived data. None if the model could not: history is then truncated."""
+        newest = max((m.sequence for m in history), default=0)
+        async with self.database.statements() as conn:
+            row = (
+                await conn.execute(
+                    select(
+                        models.ComposerSummary.first_sequence,
+                        models.ComposerSummary.last_sequence,
+                        models.ComposerSummary.text,
+                    )
+                    .where(
+                        models.ComposerSummary.session_id == session_id,
+                        models.ComposerSummary.last_sequence <= newest,
+                    )
+                    .order_by(models.ComposerSummary.last_sequence.desc())
+                    .limit(1)
+                )
+            ).one_or_none()
+        previous = (
+            composer.Summary(row.last_sequence, row.text) if row is not None else None
+        )
+        if previous is not None and previous.last_sequence >= through:
+            return previous
+        request = composer.summary_request(
+            history,
+            provider=self.driver.name,
+            context_tokens=context_tokens,
+            previous=previous,
+            through=through,
+        )
+        try:
+            text = await self.driver.summarize(request)
+        except Exception as exc:
+            log.warning("history summary failed, history truncated instead: %s", exc)
+            return None
+        if not text:
+            return None
+        first = (
+            row.first_sequence if row is not None else min(m.sequence for m in history)
+        )
+        with contextlib.suppress(IntegrityError):
+            async with self.database.write() as db:
+                conn = await db.core()
+                await conn.execute(
+                    insert(models.ComposerSummary).values(
+                        id=uuid.uuid4(),
+                        session_id=session_id,
+                        first_sequence=first,
+                        last_sequence=through,
+                        text=text,
+                        created_at=utcnow(),
+                    )
+                )
+        log.info("history up to sequence %d summarized", through)
+        return composer.Summary(through, text)
 
     async def _run_turn(
         self, session_id: uuid.UUID, turn_id: uuid.UUID, max_iterations: int
@@ -546,10 +752,11 @@ class TurnRunner:
             await self._resume(turn)
             while True:
                 turn.iteration += 1
-                history, turn.consumed, cancelled = await self._retrying(
+                context = await self._retrying(
                     functools.partial(self._history, session_id)
                 )
-                if cancelled:
+                turn.consumed = context.consumed
+                if context.cancelled:
                     raise TurnCancelled
                 if turn.message is None:
                     turn.message = await self._checkpoint(
@@ -572,7 +779,16 @@ class TurnRunner:
                     },
                 ) as step_span:
                     tool_calls = await self._stream_step(
-                        step, Turn(history, turn.iteration, tool_results), watch
+                        step,
+                        Turn(
+                            context.messages,
+                            turn.iteration,
+                            tool_results,
+                            context.model_input,
+                            context.tools,
+                            context.model,
+                        ),
+                        watch,
                     )
                     if step_span is not None:
                         step_span.set_attribute(
@@ -615,6 +831,8 @@ class TurnRunner:
                     {
                         "turn_id": format_id("turn", turn_id),
                         "reason": "cancelled_by_user",
+                        # Upstream's "usage before cancellation": the committed steps'.
+                        **({"usage": turn.usage} if turn.usage else {}),
                     },
                     turn_id=turn_id,
                 ),
@@ -719,17 +937,47 @@ class TurnRunner:
         no next step."""
         assert turn.message is not None
         message = copy.copy(turn.message)
-        done = not tool_calls and (last or session.last_input_sequence <= turn.consumed)
+        # A call that failed without running (its arguments were not JSON) gets its
+        # result now, and the model a next step to see it.
+        failed = step.failed_calls
+        done = (
+            not tool_calls
+            and (not failed or last)
+            and (last or session.last_input_sequence <= turn.consumed)
+        )
+        parts = [*step.parts]
+        for call in failed:
+            parts.append(
+                {"type": "tool_result", "tool_call_id": call.id, "error": call.error}
+            )
         await checkpoint.commit_step(
             db,
             session,
             message,
             step_id=f"step_{turn.iteration}",
-            parts=step.parts,
+            parts=parts,
             phase=step.phase,
             phase_source="provider",
             close=done,
+            usage=step.usage or None,
+            then=[
+                EventSpec(
+                    "tool.completed",
+                    {
+                        "tool_call_id": call.id,
+                        "tool_name": call.name,
+                        "status": "error",
+                        "success": False,
+                        "error": call.error,
+                    },
+                    turn_id=turn.turn_id,
+                )
+                for call in failed
+            ],
         )
+        await sessions_service.record_usage(db, session, step.usage)
+        if step.usage:
+            turn.step_usage[turn.iteration] = step.usage
         if done:
             await self._complete(db, session, turn, message)
         return message
@@ -765,6 +1013,8 @@ class TurnRunner:
             "duration_ms": int((time.monotonic() - turn.started) * 1000),
             "tool_call_count": turn.tool_count,
         }
+        if turn.usage:
+            data["usage"] = turn.usage
         await checkpoint.finish_turn(
             db,
             session,
@@ -776,64 +1026,186 @@ class TurnRunner:
     async def _stream_step(
         self, step: LiveStep, turn: Turn, watch: asyncio.Event
     ) -> list[ToolCall]:
+        """Stream one model step into the live projection; returns the tool calls to
+        run. A cancel request stops it at once, however long the model takes to send
+        its next chunk: the driver's stream is closed (and with it the provider's
+        response) and TurnCancelled raised."""
+        streaming = asyncio.create_task(self._consume(step, turn))
+        watching = asyncio.create_task(self._watch_cancel(step.session_id, watch))
+        try:
+            await asyncio.wait(
+                (streaming, watching), return_when=asyncio.FIRST_COMPLETED
+            )
+            if streaming.done():
+                return streaming.result()
+            # A cancel was requested (or reading whether one was failed: raised here,
+            # as the step's own failure would be).
+            watching.result()
+            streaming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await streaming
+            raise TurnCancelled
+        finally:
+            for task in (streaming, watching):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+
+    async def _watch_cancel(self, session_id: uuid.UUID, watch: asyncio.Event) -> None:
+        """Return once a cancel of the session's turn was requested (each wake-up of
+        the session is a moment to check)."""
+        while True:
+            await watch.wait()
+            watch.clear()
+            if await self._retrying(
+                functools.partial(self._cancel_requested, session_id)
+            ):
+                return
+
+    async def _consume(self, step: LiveStep, turn: Turn) -> list[ToolCall]:
         tool_calls: list[ToolCall] = []
         text_part: dict[str, Any] | None = None
         reasoning_part: dict[str, Any] | None = None
-        async for event in self.driver.step(turn):
-            if watch.is_set():
-                watch.clear()
-                if await self._retrying(
-                    functools.partial(self._cancel_requested, step.session_id)
-                ):
-                    raise TurnCancelled
-            if isinstance(event, TextDelta):
-                if text_part is None:
-                    text_part = step.new_part({"type": "text", "text": ""})
-                    await self._publish(step.session_id, step.part_started(text_part))
-                await self._delta(step, text_part, event.text, "output.message.delta")
-            elif isinstance(event, ReasoningDelta):
-                if reasoning_part is None:
-                    reasoning_part = step.new_part(
-                        {"type": "reasoning", "provider": self.driver.name, "text": ""}
+        tool_parts: dict[str, dict[str, Any]] = {}
+        # Closed at once however this ends (a cancel cancels this task): the driver's
+        # `finally` closes its provider stream.
+        async with contextlib.aclosing(self.driver.step(turn)) as events:
+            async for event in events:
+                if isinstance(event, TextDelta):
+                    if text_part is None:
+                        text_part = step.new_part({"type": "text", "text": ""})
+                        await self._publish(
+                            step.session_id, step.part_started(text_part)
+                        )
+                    await self._delta(
+                        step, text_part, event.text, "output.message.delta"
                     )
-                    await self._publish(
-                        step.session_id, step.part_started(reasoning_part)
+                elif isinstance(event, ReasoningDelta):
+                    if reasoning_part is None:
+                        reasoning_part = step.new_part(
+                            {
+                                "type": "reasoning",
+                                "provider": self.driver.name,
+                                "text": "",
+                            }
+                        )
+                        await self._publish(
+                            step.session_id, step.part_started(reasoning_part)
+                        )
+                    await self._delta(
+                        step, reasoning_part, event.text, "reason.thinking.delta"
                     )
-                await self._delta(
-                    step, reasoning_part, event.text, "reason.thinking.delta"
-                )
-            elif isinstance(event, ToolCall):
-                part = step.new_part(
-                    {
+                elif isinstance(event, ToolCallStarted):
+                    # The part exists from the call's first chunk; its input streams.
+                    part = tool_parts[event.id] = step.new_part(
+                        {
+                            "type": "tool_call",
+                            "id": event.id,
+                            "name": event.name,
+                            "arguments": {},
+                            "status": "input_streaming",
+                            "input_text": "",
+                        }
+                    )
+                    await self._publish(step.session_id, step.part_started(part))
+                    text_part = None
+                elif isinstance(event, ToolInputDelta):
+                    part = tool_parts[event.id]
+                    await self._delta(
+                        step,
+                        part,
+                        event.text,
+                        TOOL_INPUT_DELTA,
+                        key="input_text",
+                        tool_call_id=event.id,
+                    )
+                elif isinstance(event, ToolCall):
+                    complete: dict[str, Any] = {
                         "type": "tool_call",
                         "id": event.id,
                         "name": event.name,
                         "arguments": event.arguments,
-                        "status": "requested",
+                        "status": "requested" if event.error is None else "failed",
                     }
-                )
-                await self._publish(step.session_id, step.part_started(part))
-                tool_calls.append(event)
-                text_part = None
-            elif isinstance(event, Annotations) and text_part is not None:
-                text_part["annotations"] = event.items
-            elif isinstance(event, StepFinish):
-                step.phase = event.phase
+                    if event.error is not None:
+                        complete["error"] = event.error
+                    streamed = tool_parts.get(event.id)
+                    if streamed is None:
+                        part = step.new_part(complete)
+                    else:
+                        part = streamed
+                        part.pop("input_text", None)
+                        part.update(complete)
+                    await self._publish(step.session_id, step.part_started(part))
+                    if event.error is None:
+                        tool_calls.append(event)
+                    else:
+                        step.failed_calls.append(event)
+                    text_part = None
+                elif isinstance(event, Retrying):
+                    await self._publish(step.session_id, self._warning(step, event))
+                    if event.will_retry and step.parts:
+                        # The step starts over; the parts so far are void. Processes
+                        # drop their projection of them (late joiners get only the
+                        # new ones); clients holding them get the same part ids
+                        # again from empty.
+                        step.restart()
+                        await self._owned(step.session_id)
+                        await asyncio.shield(
+                            self.bus.publish(
+                                StepEnded(step.session_id, step.message_id)
+                            )
+                        )
+                        tool_calls = []
+                        text_part = reasoning_part = None
+                        tool_parts = {}
+                elif isinstance(event, Annotations) and text_part is not None:
+                    text_part["annotations"] = event.items
+                elif isinstance(event, StepFinish):
+                    step.phase = event.phase
+                    step.usage = dict(event.usage)
         # The committed form of a reasoning part keeps upstream's shape.
         for part in step.parts:
             if part["type"] == "reasoning":
                 part["text"] = {"kind": "plain", "text": part["text"]}
         return tool_calls
 
+    def _warning(self, step: LiveStep, event: Retrying) -> ModelWarning:
+        """The live notice of a retry (the driver logged it)."""
+        return ModelWarning(
+            step.session_id,
+            step.message_id,
+            format_id("turn", step.turn_id),
+            format_id("event", uuid7()),
+            wire.event_ts(utcnow()),
+            {
+                "attempt": event.attempt,
+                "max_attempts": event.max_attempts,
+                "code": event.code,
+                "message": event.message,
+                "will_retry": event.will_retry,
+                "retry_in_ms": event.delay_ms,
+            },
+        )
+
     async def _delta(
-        self, step: LiveStep, part: dict[str, Any], text: str, event_type: str
+        self,
+        step: LiveStep,
+        part: dict[str, Any],
+        text: str,
+        event_type: str,
+        *,
+        key: str = "text",
+        tool_call_id: str | None = None,
     ) -> None:
         part_id = part["part_id"]
         offset = step.units.get(part_id, 0)
         step.units[part_id] = offset + wire.utf16_len(text)
-        part["text"] += text
+        part[key] += text
         await self._publish(
-            step.session_id, step.delta(part_id, offset, text, event_type)
+            step.session_id,
+            step.delta(part_id, offset, text, event_type, tool_call_id),
         )
 
     async def _run_tool(self, turn: TurnProgress, call: ToolCall) -> dict[str, Any]:
@@ -892,16 +1264,36 @@ class TurnRunner:
         error: tuple[str, str],
         outcome: EventSpec,
     ) -> None:
-        """Discard the unfinished step, close the message with an error part and end the
-        turn, in one checkpoint. The message is read again under the lock: what is
-        stored is what the error part follows."""
+        """Close the message with an error part and end the turn, in one checkpoint.
+        What the unfinished step streamed is kept ahead of the error part, as it stood
+        (a cancel or a model failure loses nothing that was shown; a crash still does:
+        nothing in memory survives it). The message is read again under the lock:
+        what is stored is what the step and the error part follow."""
+        step = self.live.get(message_id) if message_id is not None else None
 
         async def end(db: Write, session: LockedSession) -> MessageRow | None:
             message = None
             if message_id is not None:
                 message = await checkpoint.get_message_for_update(db, message_id)
                 if message.state == "streaming":
-                    await checkpoint.close_message(db, session, message, error=error)
+                    # Only if the step still extends what is stored (it was not
+                    # committed by an attempt whose COMMIT went unanswered).
+                    partial = (
+                        step.settled()
+                        if step is not None and step.revision == message.revision
+                        else []
+                    )
+                    step_number = 1 + len(
+                        {p["step_id"] for p in message.content if "step_id" in p}
+                    )
+                    await checkpoint.close_message(
+                        db,
+                        session,
+                        message,
+                        error=error,
+                        partial=partial,
+                        step_id=f"step_{step_number}",
+                    )
             await checkpoint.finish_turn(db, session, turn_id=turn_id, outcome=outcome)
             return None
 

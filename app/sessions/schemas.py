@@ -48,6 +48,17 @@ class SessionUpdate(InputSchema):
     locale: Label | None = None
 
 
+class TokenUsage(Schema):
+    """Upstream's TokenUsage: prompt buckets are disjoint (`input_tokens` excludes
+    cached reads)."""
+
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int | None = None
+    cache_creation_tokens: int | None = None
+    actual_cost_usd: float | None = None
+
+
 class Session(Schema):
     id: str
     organization_id: str
@@ -61,6 +72,10 @@ class Session(Schema):
     updated_at: str
     started_at: str | None = None
     finished_at: str | None = None
+    usage: TokenUsage | None = Field(
+        default=None,
+        description="Cumulative token usage of every model call in this session.",
+    )
     self_url: str
     view_url: str
     ui_link: str

@@ -56,6 +56,10 @@ def session_wire(session: models.Session, base_url: str) -> dict[str, Any]:
     for key in ATTRIBUTE_FIELDS:
         if attrs.get(key) is not None:
             body[key] = attrs[key]
+    if attrs.get("usage"):
+        # Cumulative token usage of every model call in the session (upstream's
+        # TokenUsage), kept by the runner's checkpoints.
+        body["usage"] = attrs["usage"]
     body["created_at"] = wire.timestamp(session.created_at)
     body["updated_at"] = wire.timestamp(session.updated_at)
     if session.started_at is not None:
@@ -232,6 +236,41 @@ async def update_session(
         )
     )
     return session
+
+
+def add_usage(
+    total: dict[str, Any] | None, usage: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """Two TokenUsage values added bucket by bucket (costs too, when either has one)."""
+    if not usage:
+        return total
+    if not total:
+        return dict(usage)
+    out = dict(total)
+    for key, value in usage.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = out.get(key, 0) + value
+    return out
+
+
+async def record_usage(
+    db: Write, session: LockedSession, usage: dict[str, Any] | None
+) -> None:
+    """Add a model call's usage to the session's, inside the caller's checkpoint (the
+    session row is locked, so the read and the write cannot interleave with another)."""
+    if not usage:
+        return
+    conn = await db.core()
+    attributes = await conn.scalar(
+        select(models.Session.attributes).where(models.Session.id == session.id)
+    )
+    attributes = dict(attributes or {})
+    attributes["usage"] = add_usage(attributes.get("usage"), usage)
+    await conn.execute(
+        update(models.Session)
+        .where(models.Session.id == session.id)
+        .values(attributes=attributes)
+    )
 
 
 async def count_running_turns(db: Write, *, organization_id: uuid.UUID) -> int:
