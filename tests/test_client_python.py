@@ -22,7 +22,9 @@ from evermirror_client import (
     Mutation,
     PartMutation,
     SessionMessagePage,
+    SessionMutation,
     SyncView,
+    TurnMutation,
     utf16_index,
     utf16_length,
 )
@@ -236,6 +238,29 @@ async def test_cancel_stops_the_turn(keyed_server: KeyedServer) -> None:
         assert (await session.cancel())["status"] == "no_op"
 
 
+async def test_send_and_wait_answers_with_the_finished_turn(
+    keyed_server: KeyedServer,
+) -> None:
+    async with make_client(keyed_server) as client:
+        session = await client.create_session()
+        result = await session.send_and_wait("hello and wait")
+        assert result.status == "completed"
+        assert result.error is None
+        assert result.message["delivery"] == "started"
+        assert result.messages == [(await session.messages()).items[-1]]
+        failed = await session.send_and_wait("/scenario fail")
+        assert failed.status == "failed"
+        assert failed.error is not None and failed.error["code"] == "model_error"
+        late = await session.send_and_wait("/scenario long 100000", timeout_ms=100)
+        assert (late.status, late.messages) == ("timeout", [])
+        assert late.message["delivery"] == "started"
+        await session.cancel()
+        await wait_idle(session)
+        with pytest.raises(EvermirrorError) as refused:
+            await session.send_and_wait("never stored", timeout_ms=0)
+        assert refused.value.code == "invalid_parameter"
+
+
 # ---- subscribe() --------------------------------------------------------------------
 
 
@@ -262,6 +287,20 @@ async def test_subscribe_delivers_a_turn_continuously(
         final = [m for m in seen if isinstance(m, MessageMutation)][-1].message
         assert any(isinstance(m, DeltaMutation) for m in seen)
         assert text == final["content"][0]["text"]
+        # The turn's and the session's changes arrive typed.
+        turns = [m for m in seen if isinstance(m, TurnMutation)]
+        assert [(t.turn_id, t.status) for t in turns] == [(final["turn_id"], "running")]
+        changes = [m.changes for m in seen if isinstance(m, SessionMutation)]
+        assert changes == [{"status": "active"}]
+
+
+async def next_snapshot(stream: Any) -> MessageMutation:
+    """The next `message` Mutation (the turn and session ones of the first turn may
+    come first)."""
+    while True:
+        mutation = await anext(stream)
+        if isinstance(mutation, MessageMutation):
+            return mutation
 
 
 async def test_subscribe_resumes_with_last_event_id_only(
@@ -276,7 +315,7 @@ async def test_subscribe_resumes_with_last_event_id_only(
             seen = await next_until(stream, agent_done)
             # Waiting for the next Mutation keeps the stream going: SSE_CYCLE_SECONDS=1
             # (±20 %) closes it, and it is reopened, twice within a few seconds.
-            pending = asyncio.ensure_future(anext(stream))
+            pending = asyncio.ensure_future(next_snapshot(stream))
             await wait_until(lambda: len(transport.streams()) >= 3, "two reconnects")
             await session.send("after")
             seen.append(await asyncio.wait_for(pending, 10))

@@ -127,7 +127,8 @@ async def test_mutation_stream_shows_a_turn_and_ends_at_the_listed_snapshot(
         assert stream.status_code == 200
         posted = await post_message(api, sid, TEXT)
         frames = await stream.until(agent_done, 20)
-    frames = events(frames)
+    # The message changes (the turn and session frames have a test of their own).
+    frames = [f for f in events(frames) if f.event in ("message", "part", "delta")]
     kinds = [f.event for f in frames]
     # user snapshot, agent opened, its text part, the deltas, the closing snapshot.
     assert kinds[:3] == ["message", "message", "part"]
@@ -159,6 +160,8 @@ async def test_mutation_stream_shows_a_turn_and_ends_at_the_listed_snapshot(
         assert delta["revision"] == 1
         assert delta["part_id"] == part_id
         assert delta["offset"] == len(text), "offsets must be contiguous"
+        assert delta["kind"] == "text"
+        assert delta["mutation_id"] == f"{opened['id']}/1/{part_id}/{len(text)}"
         text += delta["text"]
     assert text == TEXT
 
@@ -171,11 +174,75 @@ async def test_mutation_stream_shows_a_turn_and_ends_at_the_listed_snapshot(
     assert len(cursors) == 3
     assert cursors == sorted(cursors)
     assert len(set(cursors)) == 3
+    # Every Mutation says which session, when, and its own identity.
+    for frame in frames:
+        body = frame.json()
+        assert body["session_id"] == sid
+        assert body["created_at"].endswith("Z")
+    assert [f.json()["mutation_id"] for f in frames[:3]] == [
+        f"{posted['id']}/1",
+        f"{opened['id']}/1",
+        f"{opened['id']}/1/{part_id}",
+    ]
+    assert frames[-1].json()["mutation_id"] == f"{opened['id']}/2"
 
     await wait_idle(api, sid)
     listed = await list_messages(api, sid)
     assert listed["data"] == [user, final]
     assert int(listed["cursor"]) >= cursors[-1]
+
+
+def is_idle_session(frame: Frame) -> bool:
+    return frame.event == "session" and frame.json().get("status") == "idle"
+
+
+async def test_mutation_stream_says_how_the_turn_and_the_session_change(
+    api: httpx.AsyncClient,
+) -> None:
+    sid = await create_session(api)
+    async with open_stream(api, f"/v1/sessions/{sid}/messages/stream") as stream:
+        posted = await post_message(api, sid, TEXT)
+        live = events(await stream.until(is_idle_session, 20))
+    turn_id = posted["turn_id"]
+    changes = [
+        (f.event, f.json().get("status"))
+        for f in live
+        if f.event in ("turn", "session")
+    ]
+    assert changes == [
+        ("session", "active"),
+        ("turn", "running"),
+        ("turn", "completed"),
+        ("session", "idle"),
+    ]
+    turns = [f.json() for f in live if f.event == "turn"]
+    assert {t["turn_id"] for t in turns} == {turn_id}
+    assert [t["mutation_id"] for t in turns] == [
+        f"{turn_id}/running",
+        f"{turn_id}/completed",
+    ]
+    for frame in live:
+        if frame.event in ("turn", "session"):
+            assert frame.id is None, "the cursor stays with message checkpoints"
+            assert frame.json()["session_id"] == sid
+    # A client that sees the turn end already has the message that ended it.
+    names = [f.event for f in live]
+    completed = names.index("turn", names.index("turn") + 1)
+    final = [f for f in live[:completed] if f.event == "message"][-1].json()["message"]
+    assert (final["role"], final["state"]) == ("agent", "done")
+
+    # A reconnect from the start replays the same changes, under the same ids.
+    async with open_stream(
+        api, f"/v1/sessions/{sid}/messages/stream?after=0"
+    ) as stream:
+        replayed = events(await stream.until(is_idle_session, 20))
+    live_ids = [f.json()["mutation_id"] for f in live if f.event != "delta"]
+    replayed_ids = [f.json()["mutation_id"] for f in replayed if f.event != "part"]
+    assert set(replayed_ids) <= set(live_ids)
+    assert [i for i in live_ids if "/running" in i or "/completed" in i] == [
+        i for i in replayed_ids if "/running" in i or "/completed" in i
+    ]
+    assert replayed_ids[-1] == live_ids[-1]
 
 
 async def test_tool_turn_order_and_tool_part_transitions(

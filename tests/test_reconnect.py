@@ -87,6 +87,11 @@ class SeedClient:
         self.applied = 0
         self.log: list[str] = []
         self.final_view: list[dict[str, Any]] | None = None
+        # `turn` and `session` Mutations: the mutation_ids applied, each turn's status
+        # and the session's.
+        self.changes: set[str] = set()
+        self.turns: dict[str, str] = {}
+        self.session_status: str | None = None
 
     # snapshots
     def merge(self, snapshot: dict[str, Any]) -> None:
@@ -135,12 +140,28 @@ class SeedClient:
             self._part(body)
         elif frame.event == "delta":
             self._delta(body)
+        elif frame.event in ("turn", "session"):
+            self._change(frame.event, body)
         elif frame.event == "reset":
             raise ResetRequested(body.get("reason", ""))
         elif frame.event == "disconnecting":
             pass  # the server closes the stream next; the client reconnects
         else:
             raise AssertionError(f"unexpected frame on the Mutation stream: {frame}")
+
+    def _change(self, event: str, body: dict[str, Any]) -> None:
+        """A turn or session change: a replay may send one again (same mutation_id),
+        and a turn never runs again once it ended."""
+        assert body["session_id"] == self.session_id
+        if body["mutation_id"] in self.changes:
+            return
+        self.changes.add(body["mutation_id"])
+        if event == "session":
+            self.session_status = body.get("status", self.session_status)
+            return
+        ended = self.turns.get(body["turn_id"]) not in (None, "running")
+        assert not ended, f"turn {body['turn_id']} changed after it ended: {body}"
+        self.turns[body["turn_id"]] = body["status"]
 
     def _part(self, body: dict[str, Any]) -> None:
         message_id, revision = body["message_id"], body["revision"]
@@ -458,8 +479,18 @@ async def test_resume_replays_the_latest_snapshot_of_each_changed_message(
             # The replay comes at once; then only keep-alive comments.
             return [f for f in await stream.collect(0.5) if not f.is_comment]
 
-    everything = await replay({"after": "0"})
-    assert [f.event for f in everything] == ["message", "message"]
+    replayed = await replay({"after": "0"})
+    # The turn's and the session's changes come too, each after the snapshots of its
+    # checkpoint (they carry no cursor).
+    assert [(f.event, f.json().get("status")) for f in replayed] == [
+        ("message", None),
+        ("session", "active"),
+        ("turn", "running"),
+        ("message", None),
+        ("turn", "completed"),
+        ("session", "idle"),
+    ]
+    everything = [f for f in replayed if f.event == "message"]
     # Each changed message once, at its latest revision (not its history), with its
     # cursor as `id:`.
     assert [f.json()["message"] for f in everything] == [user, agent]
@@ -467,9 +498,12 @@ async def test_resume_replays_the_latest_snapshot_of_each_changed_message(
     assert cursors == sorted(cursors)
     assert cursors[-1] <= int(listed["cursor"])
     after_user = await replay({"after": str(cursors[0])})
-    assert [f.json()["message"] for f in after_user] == [agent]
+    assert [f.event for f in after_user] == ["message", "turn", "session"]
+    assert after_user[0].json()["message"] == agent
     by_header = await replay(headers={"Last-Event-ID": str(cursors[0])})
-    assert [f.json()["message"] for f in by_header] == [agent]
+    assert [(f.event, f.data) for f in by_header] == [
+        (f.event, f.data) for f in after_user
+    ]
     assert await replay({"after": listed["cursor"]}) == []
     # A cursor from the future cannot be honoured: reset, reload snapshots.
     ahead = await replay({"after": str(int(listed["cursor"]) + 100)})

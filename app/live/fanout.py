@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import select
 
@@ -59,6 +59,14 @@ class MessageOut:
 
     sequence: int
     visible: bool
+    frame: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class EventMutationOut:
+    """The `turn` or `session` Mutation of a durable event, for the Mutation stream."""
+
+    sequence: int
     frame: bytes
 
 
@@ -108,7 +116,9 @@ GONE = Marker("gone")
 # The key the stream was opened with was revoked.
 REVOKED = Marker("revoked")
 
-Out = EventOut | MessageOut | PartOut | DeltaOut | WarningOut | Marker
+Out = (
+    EventOut | EventMutationOut | MessageOut | PartOut | DeltaOut | WarningOut | Marker
+)
 
 
 class Subscription:
@@ -316,7 +326,9 @@ class Fanout:
             return PartOut(
                 part_id,
                 units,
-                frames.part_mutation(item.message_id, item.revision, part),
+                frames.part_mutation(
+                    item.session_id, item.message_id, item.revision, part
+                ),
             )
         known_part = projection.parts.get(item.part_id)
         known = projection.units[item.part_id] if known_part is not None else -1
@@ -500,11 +512,7 @@ class Fanout:
             )
             messages = (
                 await db.execute(
-                    select(
-                        models.Message.changed_sequence,
-                        models.Message.visibility,
-                        models.Message.snapshot,
-                    )
+                    select(*MUTATION_COLUMNS)
                     .where(
                         models.Message.session_id == channel.session_id,
                         models.Message.changed_sequence > channel.last,
@@ -514,26 +522,90 @@ class Fanout:
                 )
             ).all()
         channel.last = max(channel.last, events[-1][0] if events else upto)
-        by_sequence: dict[int, list[Out]] = {}
-        for changed, visibility, snapshot in messages:
-            by_sequence.setdefault(changed, []).append(
-                MessageOut(
-                    changed,
-                    visibility == "visible",
-                    frames.message_mutation(changed, snapshot),
-                )
-            )
-        out: list[Out] = []
+        changes: list[tuple[int, int, Out]] = []
         for sequence, event_id, event_type, body in events:
-            out.append(
-                EventOut(
+            changes.append(
+                (
                     sequence,
-                    event_type,
-                    frames.durable_event(event_id, event_type, body, self.retry_ms),
+                    EVENT,
+                    EventOut(
+                        sequence,
+                        event_type,
+                        frames.durable_event(event_id, event_type, body, self.retry_ms),
+                    ),
                 )
             )
-            out.extend(by_sequence.pop(sequence, ()))
-        return out
+            mutation = frames.event_mutation(channel.session_id, event_type, body)
+            if mutation is not None:
+                changes.append(
+                    (sequence, EVENT_MUTATION, EventMutationOut(sequence, mutation))
+                )
+        changes.extend(
+            (
+                row.changed_sequence,
+                SNAPSHOT,
+                MessageOut(
+                    row.changed_sequence,
+                    row.visibility == "visible",
+                    message_frame(channel.session_id, row),
+                ),
+            )
+            for row in messages
+        )
+        return checkpoint_order(changes)
+
+
+# The kinds of durable change, in the order they go out at one sequence.
+EVENT, EVENT_MUTATION, SNAPSHOT = 0, 1, 2
+T = TypeVar("T")
+
+
+def checkpoint_order(changes: list[tuple[int, int, T]]) -> list[T]:
+    """Durable changes (sequence, kind, value) in the order the streams send them.
+    Events go out in sequence. A `message` snapshot carries its checkpoint's last
+    sequence, so it follows the checkpoint's events. An event's `turn` or `session`
+    Mutation waits for the snapshots of its checkpoint: a client that sees a turn end
+    already has the message that ended it. (A checkpoint that changed no message lets
+    its Mutations out at the next one's snapshots, or at the end.)"""
+    changes.sort(key=lambda change: change[:2])
+    out: list[T] = []
+    deferred: list[T] = []
+    for index, (sequence, kind, value) in enumerate(changes):
+        if kind == EVENT_MUTATION:
+            deferred.append(value)
+            continue
+        out.append(value)
+        last_at_sequence = (
+            index + 1 == len(changes) or changes[index + 1][0] != sequence
+        )
+        if kind == SNAPSHOT and last_at_sequence:
+            out.extend(deferred)
+            deferred.clear()
+    out.extend(deferred)
+    return out
+
+
+# What a `message` Mutation is made of, as the fan-out and the replays read it.
+MUTATION_COLUMNS = (
+    models.Message.changed_sequence,
+    models.Message.visibility,
+    models.Message.snapshot,
+    models.Message.id,
+    models.Message.revision,
+    models.Message.updated_at,
+)
+
+
+def message_frame(session_id: uuid.UUID, row: Any) -> bytes:
+    """The `message` Mutation of a row of MUTATION_COLUMNS."""
+    return frames.message_mutation(
+        row.changed_sequence,
+        row.snapshot,
+        session_id=session_id,
+        message_id=row.id,
+        revision=row.revision,
+        updated_at=row.updated_at,
+    )
 
 
 def _trimmed(delta: TextDelta, known: int) -> TextDelta:

@@ -2,18 +2,12 @@
 per item and hands the same bytes to every local subscriber."""
 
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from app import wire
 from app.ids import format_id
 from app.live.items import MODEL_RETRY, TOOL_INPUT_DELTA, ModelWarning, TextDelta
-
-# What text a delta extends, on the Mutation stream, by its upstream event type.
-DELTA_KINDS = {
-    "output.message.delta": "text",
-    "reason.thinking.delta": "reasoning",
-    TOOL_INPUT_DELTA: "tool_input",
-}
 
 
 def comment(text: str) -> bytes:
@@ -92,16 +86,75 @@ def delta_event(delta: TextDelta, accumulated: str, retry_ms: int) -> bytes:
     return frame(delta.event_type, wire.dumps(envelope), retry_ms=retry_ms)
 
 
-def message_mutation(changed_sequence: int, snapshot: str | bytes) -> bytes:
-    body = snapshot.encode() if isinstance(snapshot, str) else snapshot
-    return frame(
-        "message", b'{"message":' + body + b"}", event_id=str(changed_sequence)
+# ---- the Mutation stream ------------------------------------------------------------
+# Every Mutation's data starts with `mutation_id` (the same change always has the same
+# one, so a client drops a frame it already applied), `session_id` and `created_at`.
+
+# What a delta extends, by its event type on upstream's stream.
+DELTA_KINDS = {
+    "output.message.delta": "text",
+    "reason.thinking.delta": "reasoning",
+    TOOL_INPUT_DELTA: "tool_input",
+}
+# `turn` Mutations, from the durable events that change a turn's status.
+TURN_STATUS = {
+    "turn.started": "running",
+    "turn.completed": "completed",
+    "turn.failed": "failed",
+    "turn.cancelled": "cancelled",
+}
+# `session` Mutations: the session field each event changes, and its value (None: the
+# value is the event data's field of that name).
+SESSION_CHANGES: dict[str, tuple[str, str | None]] = {
+    "session.started": ("status", "started"),
+    "session.activated": ("status", "active"),
+    "session.idled": ("status", "idle"),
+    "session.title.updated": ("title", None),
+    "session.model.changed": ("model_id", None),
+}
+EVENT_MUTATIONS = frozenset(TURN_STATUS) | frozenset(SESSION_CHANGES)
+
+
+def _head(mutation_id: str, session_id: uuid.UUID, created_at: str) -> bytes:
+    return (
+        b'{"mutation_id":"'
+        + mutation_id.encode()
+        + b'","session_id":"'
+        + format_id("session", session_id).encode()
+        + b'","created_at":"'
+        + created_at.encode()
+        + b'"'
     )
 
 
-def part_mutation(message_id: uuid.UUID, revision: int, part: dict[str, Any]) -> bytes:
+def message_mutation(
+    changed_sequence: int,
+    snapshot: str | bytes,
+    *,
+    session_id: uuid.UUID,
+    message_id: uuid.UUID,
+    revision: int,
+    updated_at: datetime,
+) -> bytes:
+    """A committed snapshot, spliced in as stored; `id:` is its checkpoint's sequence
+    (the stream's cursor)."""
+    body = snapshot.encode() if isinstance(snapshot, str) else snapshot
+    mutation_id = f"{format_id('message', message_id)}/{revision}"
+    head = _head(mutation_id, session_id, wire.event_ts(updated_at))
+    return frame(
+        "message", head + b',"message":' + body + b"}", event_id=str(changed_sequence)
+    )
+
+
+def part_mutation(
+    session_id: uuid.UUID, message_id: uuid.UUID, revision: int, part: dict[str, Any]
+) -> bytes:
+    message = format_id("message", message_id)
     body = {
-        "message_id": format_id("message", message_id),
+        "mutation_id": f"{message}/{revision}/{part['part_id']}",
+        "session_id": format_id("session", session_id),
+        "created_at": wire.event_ts(datetime.now(UTC)),
+        "message_id": message,
         "revision": revision,
         "part": part,
     }
@@ -109,13 +162,17 @@ def part_mutation(message_id: uuid.UUID, revision: int, part: dict[str, Any]) ->
 
 
 def delta_mutation(delta: TextDelta, offset: int, text: str) -> bytes:
+    message = format_id("message", delta.message_id)
     body = {
-        "message_id": format_id("message", delta.message_id),
+        "mutation_id": f"{message}/{delta.revision}/{delta.part_id}/{offset}",
+        "session_id": format_id("session", delta.session_id),
+        "created_at": delta.ts,
+        "message_id": message,
         "revision": delta.revision,
         "part_id": delta.part_id,
+        "kind": DELTA_KINDS.get(delta.event_type, "text"),
         "offset": offset,
         "text": text,
-        "kind": DELTA_KINDS.get(delta.event_type, "text"),
     }
     if delta.tool_call_id is not None:
         body["tool_call_id"] = delta.tool_call_id
@@ -151,6 +208,27 @@ def warning_mutation(warning: ModelWarning) -> bytes:
     if warning.message_id is not None:
         body["message_id"] = format_id("message", warning.message_id)
     return frame("warning", wire.dumps(body))
+
+
+def event_mutation(session_id: uuid.UUID, event_type: str, body: str) -> bytes | None:
+    """The `turn` or `session` Mutation of a durable event, or None for the events
+    that change neither. No `id:`: the cursor stays with message checkpoints, and a
+    replay that sends one again is dropped by its `mutation_id`."""
+    if event_type not in EVENT_MUTATIONS:
+        return None
+    event = wire.loads(body)
+    data = event.get("data") or {}
+    status = TURN_STATUS.get(event_type)
+    if status is not None:
+        turn_id = data.get("turn_id") or event.get("context", {}).get("turn_id")
+        head = _head(f"{turn_id}/{status}", session_id, event["ts"])
+        return frame(
+            "turn", head + b"," + wire.dumps({"turn_id": turn_id, "status": status})[1:]
+        )
+    field, value = SESSION_CHANGES[event_type]
+    change = {field: data.get(field) if value is None else value}
+    head = _head(event["id"], session_id, event["ts"])
+    return frame("session", head + b"," + wire.dumps(change)[1:])
 
 
 def reset(reason: str) -> bytes:

@@ -20,17 +20,23 @@ from app.ids import format_id
 from app.live import frames
 from app.live.fanout import (
     CYCLE,
+    EVENT_MUTATION,
     GONE,
     HEARTBEAT,
+    MUTATION_COLUMNS,
     RESYNC,
     REVOKED,
+    SNAPSHOT,
     DeltaOut,
+    EventMutationOut,
     EventOut,
     Fanout,
     Marker,
     MessageOut,
     PartOut,
     WarningOut,
+    checkpoint_order,
+    message_frame,
     text_units,
 )
 from app.live.items import MODEL_RETRY
@@ -226,7 +232,7 @@ async def message_mutations(
             for part in parts:
                 sent[part["part_id"]] = text_units(part)
                 yield frames.part_mutation(
-                    projection.message_id, projection.revision, part
+                    session_id, projection.message_id, projection.revision, part
                 )
         sub.deadline = _cycle_deadline(config.cycle_seconds)
         while True:
@@ -261,6 +267,10 @@ async def message_mutations(
                     ):
                         yield chunk
                 cursor = max(cursor, item.sequence)
+            elif isinstance(item, EventMutationOut):
+                # As for snapshots: a replay already sent what committed up to `last`.
+                if after is None or item.sequence > last:
+                    yield item.frame
             elif isinstance(item, MessageOut):
                 # Replayed snapshots already cover what committed up to `last`; without
                 # a cursor nothing was replayed, so every checkpoint is sent.
@@ -298,16 +308,34 @@ async def _changed_messages(
     upto: int | None,
     include_internal: bool,
 ) -> AsyncIterator[bytes]:
-    """The latest snapshot of each message changed in (after, upto], not its history."""
+    """What changed in (after, upto], in sequence order: the latest snapshot of each
+    message changed (not its history), and the `turn` and `session` Mutations of the
+    events between."""
     async with database.read() as db:
-        stmt = select(models.Message.changed_sequence, models.Message.snapshot).where(
+        stmt = select(*MUTATION_COLUMNS).where(
             models.Message.session_id == session_id,
             models.Message.changed_sequence > after,
         )
+        events = select(
+            models.Event.sequence, models.Event.type, models.Event.body
+        ).where(
+            models.Event.session_id == session_id,
+            models.Event.sequence > after,
+            models.Event.type.in_(frames.EVENT_MUTATIONS),
+        )
         if upto is not None:
             stmt = stmt.where(models.Message.changed_sequence <= upto)
+            events = events.where(models.Event.sequence <= upto)
         if not include_internal:
             stmt = stmt.where(models.Message.visibility == "visible")
         rows = (await db.execute(stmt.order_by(models.Message.changed_sequence))).all()
-    for changed, snapshot in rows:
-        yield frames.message_mutation(changed, snapshot)
+        event_rows = (await db.execute(events.order_by(models.Event.sequence))).all()
+    changes: list[tuple[int, int, bytes]] = [
+        (row.changed_sequence, SNAPSHOT, message_frame(session_id, row)) for row in rows
+    ]
+    for sequence, event_type, body in event_rows:
+        mutation = frames.event_mutation(session_id, event_type, body)
+        if mutation is not None:
+            changes.append((sequence, EVENT_MUTATION, mutation))
+    for chunk in checkpoint_order(changes):
+        yield chunk

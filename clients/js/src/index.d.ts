@@ -85,8 +85,34 @@ export interface DeltaMutation {
   message_id: string;
   revision: number;
   part_id: string;
+  /** What the text extends: the part's `text`, or its `reasoning`. */
+  kind: "text" | "reasoning" | string;
   offset: number;
   text: string;
+}
+/** A turn's status changed. */
+export interface TurnMutation {
+  type: "turn";
+  mutation_id: string;
+  turn_id: string;
+  status: "running" | "completed" | "failed" | "cancelled";
+}
+/** A session field changed: `status`, `title` or `model_id`. */
+export interface SessionMutation {
+  type: "session";
+  mutation_id: string;
+  status?: "started" | "active" | "idle" | "waitingfortoolresults";
+  title?: string;
+  model_id?: string;
+}
+/** `sendAndWait()`: how the message's turn ended. */
+export interface TurnResult {
+  status: "completed" | "failed" | "timeout";
+  /** The posted message, as stored. */
+  message: Message;
+  /** The turn's agent messages (absent on a timeout). */
+  messages?: Message[];
+  error?: { code: string; message: string };
 }
 /** The server cannot continue from the cursor: reload snapshots. */
 export interface ResetMutation {
@@ -98,7 +124,14 @@ export interface OtherMutation {
   type: string;
   [key: string]: unknown;
 }
-export type Mutation = MessageMutation | PartMutation | DeltaMutation | ResetMutation | OtherMutation;
+export type Mutation =
+  | MessageMutation
+  | PartMutation
+  | DeltaMutation
+  | TurnMutation
+  | SessionMutation
+  | ResetMutation
+  | OtherMutation;
 
 export interface ClientOptions {
   /** The service's address, without `/v1`. */
@@ -233,6 +266,11 @@ export class Session {
   message(messageId: string, options?: Signal): Promise<Message>;
   /** Posts a user message: a text, or content parts. */
   send(text: string | Record<string, unknown>[], options?: SendOptions): Promise<Message>;
+  /** Posts a user message and resolves when its turn ends (or after `timeout_ms`). */
+  sendAndWait(
+    text: string | Record<string, unknown>[],
+    options?: SendOptions & { timeout_ms?: number },
+  ): Promise<TurnResult>;
   cancel(options?: Signal): Promise<{ status: "cancelled" | "no_op"; message: string }>;
   subscribe(handler: (mutation: Mutation) => void, options?: SubscribeOptions): Subscription;
   /** Resolves once the first snapshot is shown. */

@@ -77,12 +77,12 @@ export class Evermirror {
   }
 
   /** One JSON request; a failure status throws EvermirrorError. */
-  async request(method, path, { query, body, signal } = {}) {
+  async request(method, path, { query, body, signal, timeoutMs = this.timeoutMs } = {}) {
     const controller = new AbortController();
     const unfollow = follow(signal, controller);
     const timer = setTimeout(
-      () => controller.abort(new EvermirrorTimeout(method, path, this.timeoutMs)),
-      this.timeoutMs,
+      () => controller.abort(new EvermirrorTimeout(method, path, timeoutMs)),
+      timeoutMs,
     );
     try {
       const headers = this.headers({ Accept: "application/json" });
@@ -158,16 +158,24 @@ export class Session {
    * Posts a user message: `text`, or an array of content parts. The answer is the stored
    * message with `delivery` (`started`, `steered` or `duplicate`).
    */
-  send(text, { client_message_id, visibility, controls, metadata, tags, signal } = {}) {
-    const content = typeof text === "string" ? [{ type: "text", text }] : text;
-    const message = { content };
-    if (visibility !== undefined) message.visibility = visibility;
-    const body = { message };
-    if (client_message_id !== undefined) body.client_message_id = client_message_id;
-    if (controls !== undefined) body.controls = controls;
-    if (metadata !== undefined) body.metadata = metadata;
-    if (tags !== undefined) body.tags = tags;
+  send(text, { signal, ...options } = {}) {
+    const body = messageBody(text, options);
     return this.client.request("POST", this.path("/messages"), { body, signal });
+  }
+
+  /**
+   * Posts a user message and resolves when its turn ends (`?wait=true`):
+   * `{status: "completed" | "failed" | "timeout", message, messages, error?}`, where
+   * `message` is the posted message as stored and `messages` the turn's agent messages.
+   * `timeout_ms` is how long the service waits (its default: 120,000).
+   */
+  sendAndWait(text, { timeout_ms, signal, ...options } = {}) {
+    const body = messageBody(text, options);
+    const query = { wait: "true" };
+    if (timeout_ms !== undefined) query.timeout_ms = timeout_ms;
+    // The request lasts as long as the wait, and a little longer.
+    const timeoutMs = (timeout_ms ?? WAIT_DEFAULT_MS) + this.client.timeoutMs;
+    return this.client.request("POST", this.path("/messages"), { query, body, signal, timeoutMs });
   }
 
   /** Stops the running turn: `{status: "cancelled" | "no_op", message}`. */
@@ -177,7 +185,8 @@ export class Session {
 
   /**
    * Follows the Mutation stream, reconnecting by itself: `handler` gets every Mutation
-   * (`message`, `part`, `delta`, `reset`, and kinds this client does not know yet).
+   * (`message`, `part`, `delta`, `turn`, `session`, `reset`, and kinds this client does
+   * not know yet).
    */
   subscribe(handler, { after, include_internal = false, signal, onStatus, onError } = {}) {
     return new Subscription(this, handler, { after, include_internal, signal, onStatus, onError });
@@ -266,6 +275,22 @@ export class Session {
       unfollow();
     }
   }
+}
+
+// How long the service waits for a turn when `sendAndWait` does not say.
+const WAIT_DEFAULT_MS = 120_000;
+
+/** The body of `POST .../messages`: a text, or content parts, and the optional fields. */
+function messageBody(text, { client_message_id, visibility, controls, metadata, tags }) {
+  const content = typeof text === "string" ? [{ type: "text", text }] : text;
+  const message = { content };
+  if (visibility !== undefined) message.visibility = visibility;
+  const body = { message };
+  if (client_message_id !== undefined) body.client_message_id = client_message_id;
+  if (controls !== undefined) body.controls = controls;
+  if (metadata !== undefined) body.metadata = metadata;
+  if (tags !== undefined) body.tags = tags;
+  return body;
 }
 
 function idleError(client) {

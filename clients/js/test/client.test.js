@@ -79,6 +79,27 @@ describe("requests", { timeout: 60_000 }, () => {
     await waitIdle(session);
   });
 
+  test("sendAndWait() resolves with the finished turn, or a timeout", async () => {
+    const session = await client().createSession({ title: "wait" });
+    const done = await session.sendAndWait("hello and wait");
+    assert.equal(done.status, "completed");
+    assert.equal(done.message.delivery, "started");
+    const page = await session.messages();
+    assert.deepEqual(done.messages, [page.items.at(-1)]);
+    const failed = await session.sendAndWait("/scenario fail");
+    assert.equal(failed.status, "failed");
+    assert.equal(failed.error.code, "model_error");
+    const late = await session.sendAndWait("/scenario long 100000", { timeout_ms: 100 });
+    assert.equal(late.status, "timeout");
+    await session.cancel();
+    await waitIdle(session);
+    await assert.rejects(session.sendAndWait("never stored", { timeout_ms: 0 }), (error) => {
+      assert.ok(error instanceof EvermirrorError);
+      assert.equal(error.code, "invalid_parameter");
+      return true;
+    });
+  });
+
   test("cancel() stops the running turn", async () => {
     const session = await client().createSession();
     await session.send("/scenario long 500");

@@ -1,6 +1,6 @@
 """Async client of the evermirror session service, with the seed's surface:
 `Evermirror(base_url=..., api_key=...)`, `client.session(id)`, `session.messages()`,
-`session.subscribe()`, `session.sync()`, `send()`, `cancel()` (clients/python/README.md)."""
+`session.subscribe()`, `session.sync()`, `send()`, `send_and_wait()`, `cancel()` (clients/python/README.md)."""
 
 from evermirror_client._client import Evermirror, Session, Stream, Subscription
 from evermirror_client._errors import EvermirrorError
@@ -15,6 +15,9 @@ from evermirror_client._types import (
     PartMutation,
     ResetMutation,
     SessionMessagePage,
+    SessionMutation,
+    TurnMutation,
+    TurnResult,
 )
 from evermirror_client._utf16 import utf16_index, utf16_length
 
@@ -31,10 +34,13 @@ __all__ = [
     "ResetMutation",
     "Session",
     "SessionMessagePage",
+    "SessionMutation",
     "Stream",
     "Subscription",
     "SyncStart",
     "SyncView",
+    "TurnMutation",
+    "TurnResult",
     "utf16_index",
     "utf16_length",
 ]

@@ -19,8 +19,12 @@ from evermirror_client._types import (
     MessageMutation,
     Mutation,
     SessionMessagePage,
+    TurnResult,
     mutation_of,
 )
+
+# How long the service waits for a turn when `send_and_wait` does not say.
+WAIT_DEFAULT_MS = 120_000
 
 if TYPE_CHECKING:
     from evermirror_client._sync import SyncStart
@@ -113,9 +117,11 @@ class Evermirror(Closing):
         *,
         query: dict[str, Any] | None = None,
         body: Any = None,
+        read_seconds: float | None = None,
     ) -> Any:
         """One JSON request; a failure status raises EvermirrorError. Transport
-        failures raise httpx's own errors."""
+        failures raise httpx's own errors. `read_seconds` replaces the client's
+        timeout for this request (a request that waits for a turn)."""
         params = {
             name: _query_value(value)
             for name, value in (query or {}).items()
@@ -127,7 +133,7 @@ class Evermirror(Closing):
             params=params,
             json=body,
             headers=self.headers({"Accept": "application/json"}),
-            timeout=self.timeout,
+            timeout=self.timeout if read_seconds is None else read_seconds,
         )
         if response.is_error:
             raise error_of(response)
@@ -152,6 +158,30 @@ class Evermirror(Closing):
         if retry_after is not None:
             delay = max(delay, float(retry_after))
         return delay
+
+
+def _message_body(
+    text: str | list[dict[str, Any]],
+    client_message_id: str | None,
+    visibility: str | None,
+    controls: dict[str, Any] | None,
+    metadata: dict[str, Any] | None,
+    tags: list[str] | None,
+) -> dict[str, Any]:
+    content = [{"type": "text", "text": text}] if isinstance(text, str) else text
+    message: dict[str, Any] = {"content": content}
+    if visibility is not None:
+        message["visibility"] = visibility
+    body: dict[str, Any] = {"message": message}
+    for name, value in (
+        ("client_message_id", client_message_id),
+        ("controls", controls),
+        ("metadata", metadata),
+        ("tags", tags),
+    ):
+        if value is not None:
+            body[name] = value
+    return body
 
 
 def _query_value(value: Any) -> str:
@@ -267,22 +297,46 @@ class Session:
     ) -> Message:
         """Posts a user message (a text, or content parts). The answer is the stored
         message with `delivery`: started, steered or duplicate."""
-        content = [{"type": "text", "text": text}] if isinstance(text, str) else text
-        message: dict[str, Any] = {"content": content}
-        if visibility is not None:
-            message["visibility"] = visibility
-        body: dict[str, Any] = {"message": message}
-        for name, value in (
-            ("client_message_id", client_message_id),
-            ("controls", controls),
-            ("metadata", metadata),
-            ("tags", tags),
-        ):
-            if value is not None:
-                body[name] = value
+        body = _message_body(
+            text, client_message_id, visibility, controls, metadata, tags
+        )
         return cast(
             Message,
             await self.client.request("POST", self._path("/messages"), body=body),
+        )
+
+    async def send_and_wait(
+        self,
+        text: str | list[dict[str, Any]],
+        *,
+        timeout_ms: int | None = None,
+        client_message_id: str | None = None,
+        visibility: str | None = None,
+        controls: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        tags: list[str] | None = None,
+    ) -> TurnResult:
+        """Posts a user message and answers when its turn ends (`?wait=true`):
+        `status` is completed or failed (`error` says why), or timeout after
+        `timeout_ms` (the service's default is 120000); `message` is the posted message,
+        `messages` the turn's agent messages."""
+        body = _message_body(
+            text, client_message_id, visibility, controls, metadata, tags
+        )
+        # The request lasts as long as the wait, and a little longer.
+        waiting = (timeout_ms if timeout_ms is not None else WAIT_DEFAULT_MS) / 1000
+        answer = await self.client.request(
+            "POST",
+            self._path("/messages"),
+            query={"wait": True, "timeout_ms": timeout_ms},
+            body=body,
+            read_seconds=waiting + self.client.timeout,
+        )
+        return TurnResult(
+            answer["status"],
+            answer["message"],
+            answer.get("messages", []),
+            answer.get("error"),
         )
 
     async def cancel(self) -> dict[str, Any]:

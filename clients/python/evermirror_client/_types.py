@@ -82,6 +82,37 @@ class DeltaMutation:
 
 
 @dataclass(frozen=True)
+class TurnMutation:
+    """A turn's status changed: running, completed, failed or cancelled."""
+
+    turn_id: str
+    status: str
+    mutation_id: str
+    type: Literal["turn"] = field(default="turn", init=False)
+
+
+@dataclass(frozen=True)
+class SessionMutation:
+    """Session fields that changed (`status`, `title`, `model_id`)."""
+
+    changes: dict[str, Any]
+    mutation_id: str
+    type: Literal["session"] = field(default="session", init=False)
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """`send_and_wait`: how the message's turn ended (`completed`, `failed`, or
+    `timeout` if it had not ended in time), the posted message as stored, the turn's
+    agent messages, and what went wrong (`{code, message}`) when it failed."""
+
+    status: str
+    message: Message
+    messages: list[Message]
+    error: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class ResetMutation:
     """The service cannot continue from the cursor: reload snapshots."""
 
@@ -98,8 +129,17 @@ class OtherMutation:
 
 
 Mutation = (
-    MessageMutation | PartMutation | DeltaMutation | ResetMutation | OtherMutation
+    MessageMutation
+    | PartMutation
+    | DeltaMutation
+    | TurnMutation
+    | SessionMutation
+    | ResetMutation
+    | OtherMutation
 )
+
+# What every Mutation's data starts with, beside what its kind carries.
+COMMON_FIELDS = ("mutation_id", "session_id", "created_at")
 
 
 def mutation_of(event: str, data: Any, event_id: str) -> Mutation | None:
@@ -119,6 +159,11 @@ def mutation_of(event: str, data: Any, event_id: str) -> Mutation | None:
                 data["offset"],
                 data["text"],
             )
+        if event == "turn":
+            return TurnMutation(data["turn_id"], data["status"], data["mutation_id"])
+        if event == "session":
+            changes = {k: v for k, v in data.items() if k not in COMMON_FIELDS}
+            return SessionMutation(changes, data["mutation_id"])
         if event == "reset":
             return ResetMutation(str(data.get("reason", "")))
     except KeyError:
