@@ -53,6 +53,7 @@ from app.schemas import JSON_VALUE_SCHEMA
 from app.sessions.router import router as sessions_router
 from app.settings import Settings, get_settings
 from app.state import AppState
+from app.tools.router import router as tools_router
 from app.web.router import create_router as web_router
 
 log = logging.getLogger("app")
@@ -62,7 +63,13 @@ VERSION = "0.1.0"
 def api_router() -> APIRouter:
     router = APIRouter()
     # The streams come before messages so `/messages/stream` is not read as a message id.
-    for feature in (sessions_router, live_router, messages_router, events_router):
+    for feature in (
+        sessions_router,
+        live_router,
+        messages_router,
+        events_router,
+        tools_router,
+    ):
         router.include_router(feature)
     return router
 

@@ -189,9 +189,21 @@ class ToolCallPart(PartBase):
     name: str
     arguments: Any
     native: NativeToolCall | None = None
-    status: Literal["requested", "running", "completed", "failed"] | None = Field(
+    status: (
+        Literal[
+            "ready",
+            "awaiting_approval",
+            "awaiting_client",
+            "running",
+            "completed",
+            "failed",
+        ]
+        | None
+    ) = Field(
         default=None,
-        description="The tool's state; transitions update this part in place.",
+        description='The tool\'s state (README, "Tool life cycle"): ready -> '
+        "awaiting_approval | awaiting_client -> running -> completed | failed; "
+        "transitions update this part in place.",
     )
 
 

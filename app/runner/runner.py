@@ -57,6 +57,8 @@ from app.runner.drivers import (
 )
 from app.sessions import service as sessions_service
 from app.settings import Settings
+from app.tools import lifecycle
+from app.tools.schemas import is_client_side
 
 log = logging.getLogger("app.runner")
 
@@ -65,6 +67,8 @@ T = TypeVar("T")
 HISTORY_FOR_MODEL = 50
 # The step cap of a session created without `max_iterations`.
 DEFAULT_MAX_ITERATIONS = 20
+# Upstream's session status while a turn waits for client-side tool results.
+WAITING = "waitingfortoolresults"
 
 
 class TurnCancelled(Exception):
@@ -88,6 +92,8 @@ class TurnProgress:
     tool_count: int = 0
     consumed: int = 0
     message: MessageRow | None = None
+    # The results of the previous step's tool calls, for the next step.
+    tool_results: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Outage:
@@ -350,19 +356,35 @@ class TurnRunner:
                 self.kick(session_id)
 
     async def _active_turn(self, session_id: uuid.UUID) -> tuple[uuid.UUID | None, int]:
-        """The session's running turn, and its step cap."""
+        """The session's running turn, and its step cap. A turn waiting for client tool
+        results has no runner until they arrive (or a cancel is requested)."""
         async with self.database.statements() as conn:
             row = (
                 await conn.execute(
                     select(
-                        models.Session.active_turn_id, models.Session.attributes
+                        models.Session.active_turn_id,
+                        models.Session.attributes,
+                        models.Session.status,
+                        models.Session.cancel_requested_at,
                     ).where(models.Session.id == session_id)
                 )
             ).one_or_none()
         if row is None:
             return None, DEFAULT_MAX_ITERATIONS
         cap = row.attributes.get("max_iterations") or DEFAULT_MAX_ITERATIONS
+        if row.status == WAITING and row.cancel_requested_at is None:
+            return None, int(cap)
         return row.active_turn_id, int(cap)
+
+    async def _session_tools(self, session_id: uuid.UUID) -> list[dict[str, Any]]:
+        """The session's tool definitions as they are now: a PATCH takes effect at the
+        next step."""
+        async with self.database.statements() as conn:
+            attributes = await conn.scalar(
+                select(models.Session.attributes).where(models.Session.id == session_id)
+            )
+        tools = (attributes or {}).get("tools") or []
+        return list(tools)
 
     # ---- owning the turn: fenced checkpoints -----------------------------------------
 
@@ -539,11 +561,18 @@ class TurnRunner:
         logs.TURN_ID.set(format_id("turn", turn_id))
         watch = self.watches[session_id] = asyncio.Event()
         turn = TurnProgress(session_id, turn_id, time.monotonic())
-        tool_results: list[dict[str, Any]] = []
         # How the turn ended here, for its log line (left to recovery unless set).
         outcome = "interrupted"
         try:
             await self._resume(turn)
+            if turn.message is not None and turn.iteration >= max_iterations:
+                # Resumed at the step cap (client results arrived for its last step,
+                # or its runner stopped between the cap's tools and its close).
+                await self._checkpoint(
+                    session_id, turn_id, functools.partial(self._write_cap, turn)
+                )
+                outcome = "completed"
+                return outcome
             while True:
                 turn.iteration += 1
                 history, turn.consumed, cancelled = await self._retrying(
@@ -572,7 +601,7 @@ class TurnRunner:
                     },
                 ) as step_span:
                     tool_calls = await self._stream_step(
-                        step, Turn(history, turn.iteration, tool_results), watch
+                        step, Turn(history, turn.iteration, turn.tool_results), watch
                     )
                     if step_span is not None:
                         step_span.set_attribute(
@@ -591,10 +620,31 @@ class TurnRunner:
                 if turn.message.state == "done":
                     outcome = "completed"
                     return outcome
-                tool_results = []
+                turn.tool_results = []
+                tools = await self._retrying(
+                    functools.partial(self._session_tools, session_id)
+                )
+                client_calls: list[ToolCall] = []
                 for call in tool_calls:
                     turn.tool_count += 1
-                    tool_results.append(await self._run_tool(turn, call))
+                    if is_client_side(tools, call.name):
+                        client_calls.append(call)
+                    else:
+                        turn.tool_results.append(await self._run_tool(turn, call))
+                if client_calls:
+                    # The wait is durable: this runner lets the session go, and the
+                    # results (posted to any process) kick a runner to go on.
+                    turn.message = await self._checkpoint(
+                        session_id,
+                        turn_id,
+                        functools.partial(
+                            self._write_client_request,
+                            turn,
+                            [c.id for c in client_calls],
+                        ),
+                    )
+                    outcome = "waiting"
+                    return outcome
                 if last:
                     # The cap came with tool calls: their results are stored, and no
                     # further step runs.
@@ -688,8 +738,22 @@ class TurnRunner:
         if message is None:
             return
         turn.message = message
-        turn.iteration = len({p["step_id"] for p in message.content if "step_id" in p})
-        log.info("turn resumed after step %d, taken over", turn.iteration)
+        steps = [p["step_id"] for p in message.content if "step_id" in p]
+        turn.iteration = len(set(steps))
+        turn.tool_count = sum(p["type"] == "tool_call" for p in message.content)
+        # What the last committed step's tools returned (client results, or built-in
+        # tools run before a hand-over), as the next step would have seen it.
+        last_step = steps[-1] if steps else None
+        turn.tool_results = [
+            {
+                "tool_call_id": p["tool_call_id"],
+                "result": p.get("result"),
+                "error": p.get("error"),
+            }
+            for p in message.content
+            if p["type"] == "tool_result" and p.get("step_id") == last_step
+        ]
+        log.info("turn resumed after step %d", turn.iteration)
 
     async def _write_open(
         self, turn: TurnProgress, db: Write, session: LockedSession
@@ -809,7 +873,7 @@ class TurnRunner:
                         "id": event.id,
                         "name": event.name,
                         "arguments": event.arguments,
-                        "status": "requested",
+                        "status": lifecycle.READY,
                     }
                 )
                 await self._publish(step.session_id, step.part_started(part))
@@ -884,6 +948,23 @@ class TurnRunner:
         )
         return message
 
+    async def _write_client_request(
+        self,
+        turn: TurnProgress,
+        tool_call_ids: list[str],
+        db: Write,
+        session: LockedSession,
+    ) -> MessageRow | None:
+        """Client-side tools: their parts move to `awaiting_client`, the calls are
+        `tool.call_requested` events and the session waits for tool results, in one
+        checkpoint."""
+        assert turn.message is not None
+        message = copy.copy(turn.message)
+        await checkpoint.request_client_tools(
+            db, session, message, tool_call_ids=tool_call_ids
+        )
+        return message
+
     async def _end_with_error(
         self,
         session_id: uuid.UUID,
@@ -925,6 +1006,12 @@ class TurnRunner:
                     await db.scalars(
                         select(models.Session.id).where(
                             models.Session.active_turn_id.is_not(None),
+                            # A turn waiting for client tool results has no runner
+                            # to lose: it waits durably (a cancel kicks a runner).
+                            or_(
+                                models.Session.status != WAITING,
+                                models.Session.cancel_requested_at.is_not(None),
+                            ),
                             models.Session.last_activity_at <= cutoff,
                             or_(
                                 models.Session.runner_renewed_at.is_(None),
@@ -953,6 +1040,8 @@ class TurnRunner:
         async with self.database.write() as db:
             session = await sessions_service.lock_session(db, session_id)
             if session is None or session.active_turn_id is None:
+                return []
+            if session.status == WAITING and not session.cancel_requested:
                 return []
             session.runner_epoch += 1
             turn_id = session.active_turn_id

@@ -1,6 +1,6 @@
 """Session wire shapes (upstream's `WithUrls<Session>`, `PaginatedResponse`) and requests."""
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -15,6 +15,7 @@ from app.schemas import (
     Tags,
     Title,
 )
+from app.tools.schemas import Tools
 
 SessionStatus = Literal["started", "active", "idle", "waitingfortoolresults"]
 
@@ -39,6 +40,11 @@ class SessionCreate(InputSchema):
     metadata: JsonObject | None = Field(default=None, description=FREE_JSON_NOTE)
     max_iterations: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
     source: Literal["chat", "api"] | None = None
+    tools: Tools | None = Field(
+        default=None,
+        description="Tools the model may call: `client_side` ones are run by the "
+        "client (the turn waits for `POST .../tool-results`), `builtin` ones here.",
+    )
 
 
 class SessionUpdate(InputSchema):
@@ -46,6 +52,11 @@ class SessionUpdate(InputSchema):
     tags: Tags | None = None
     goal: str | None = Field(default=None, description=LONG_TEXT_NOTE)
     locale: Label | None = None
+    tools: Tools | None = Field(
+        default=None,
+        description="Replaces the session's tools (`[]` removes them all); the "
+        "running turn sees the change at its next step.",
+    )
 
 
 class Session(Schema):
@@ -61,6 +72,7 @@ class Session(Schema):
     updated_at: str
     started_at: str | None = None
     finished_at: str | None = None
+    tools: list[dict[str, Any]] | None = None
     self_url: str
     view_url: str
     ui_link: str

@@ -28,6 +28,7 @@ ATTRIBUTE_FIELDS = (
     "metadata",
     "max_iterations",
     "source",
+    "tools",
 )
 # Upstream's SessionActivity filter values, mapped onto our status.
 STATUS_FILTERS = {
@@ -74,6 +75,9 @@ async def create_session(
 ) -> models.Session:
     now = utcnow()
     fields = data.model_dump(exclude_unset=True, exclude_none=True)
+    if data.tools is not None:
+        # Whole definitions, defaults included (`type` is `client_side` unless sent).
+        fields["tools"] = [tool.model_dump(exclude_none=True) for tool in data.tools]
     values: dict[str, Any] = {
         "id": uuid7(),
         "organization_id": organization_id,
@@ -211,12 +215,16 @@ async def update_session(
         raise session_not_found(session_id)
     session = models.Session(**row)
     changes = data.model_dump(exclude_unset=True)
+    if "tools" in changes and changes["tools"] is not None:
+        changes["tools"] = [
+            tool.model_dump(exclude_none=True) for tool in data.tools or []
+        ]
     if "title" in changes:
         session.title = changes["title"]
     if "tags" in changes:
         session.tags = changes["tags"] or []
     attributes = dict(session.attributes)
-    for key in ("goal", "locale"):
+    for key in ("goal", "locale", "tools"):
         if key in changes:
             attributes[key] = changes[key]
     session.attributes = attributes
@@ -279,4 +287,8 @@ async def cancel_turn(
     if not session.cancel_requested:
         await db.request_cancel(session.id, utcnow())
         db.outbox.wake(session.id, session.last_sequence)
+    if session.status == "waitingfortoolresults":
+        # No runner holds a turn that waits for client tool results: start one here
+        # to end it.
+        db.outbox.kick(session.id)
     return True
