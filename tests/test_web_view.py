@@ -343,8 +343,8 @@ async def test_the_scripted_scenarios_render_their_parts(
 
 async def seed_agent_parts(database_url: str) -> str:
     """A session whose agent parts no HTTP call makes yet: a tool call awaiting an
-    approval (an interaction part) and a standalone action message, written by the
-    checkpoint writer as the runner would."""
+    approval (an interaction part, in a message still open) and a standalone action
+    message, written by the checkpoint writer as the runner would."""
     database = Database.from_settings(Settings(database_url=database_url))
     try:
         async with database.write() as db:
@@ -378,18 +378,23 @@ async def seed_agent_parts(database_url: str) -> str:
                         "id": "call_1",
                         "name": "delete_files",
                         "arguments": {"path": "/tmp/x"},
-                        "status": "awaiting_approval",
-                    },
-                    {
-                        "type": "interaction",
-                        "interaction_id": "interaction_1",
-                        "kind": "approval",
-                        "status": "pending",
-                        "tool_call_id": "call_1",
-                        "prompt": "Delete /tmp/x?",
                     },
                 ],
-                close=True,
+            )
+            # The tool waits for approval (its message stays open: a message closes
+            # only once its tools are finished), with its interaction part.
+            await checkpoint.tool_transition(
+                db,
+                session,
+                message,
+                tool_call_id="call_1",
+                status="awaiting_approval",
+                interaction={
+                    "interaction_id": "interaction_1",
+                    "kind": "approval",
+                    "status": "pending",
+                    "prompt": "Delete /tmp/x?",
+                },
             )
         async with database.write() as db:
             session = await sessions_service.lock_session(db, session_id)
@@ -435,7 +440,7 @@ async def test_interactions_actions_and_user_parts_render(
     )
     await wait_idle(api, session_id)
     await open_chat(page, live_server.url, session_id)
-    await wait_converged(page, api, session_id)
+    await wait_converged(page, api, session_id, open_ok=True)
     first = page.locator("#list > .message").nth(0)
     tool = first.locator('.part[data-type="tool_call"]')
     assert await tool.get_attribute("data-status") == "awaiting_approval"
