@@ -33,6 +33,7 @@ from app.errors import (
 from app.events.router import router as events_router
 from app.guards import BodyGuardMiddleware, RateLimiter, RateLimitMiddleware
 from app.hot import HotRoutes
+from app.interactions.router import router as interactions_router
 from app.live.bus import create_bus
 from app.live.dispatch import Dispatcher
 from app.live.fanout import Fanout
@@ -69,6 +70,7 @@ def api_router() -> APIRouter:
         messages_router,
         events_router,
         tools_router,
+        interactions_router,
     ):
         router.include_router(feature)
     return router

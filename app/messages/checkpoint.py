@@ -563,6 +563,13 @@ async def close_message(
     `then` (turn outcome, session.idled) are appended in the same checkpoint."""
     now = utcnow()
     _touch(message, now)
+    _cancel_pending_interactions(
+        message,
+        now,
+        "runtime_interrupted"
+        if error is not None and error[0] == "interrupted"
+        else "turn_stopped",
+    )
     failed = _fail_unfinished_tools(
         message, error[1] if error else "The turn ended before the tool completed"
     )
@@ -579,6 +586,24 @@ async def close_message(
     message.state = "done"
     spec = _completed(message, error_code=error[0] if error else None)
     return await _commit(db, session, now, message, [*failed, spec, *then])
+
+
+def _cancel_pending_interactions(
+    message: MessageRow, now: datetime, reason: str
+) -> None:
+    """A message closes with no interaction pending: each is `cancelled` with the
+    seed's `cancel_reason` (`turn_stopped`, or `runtime_interrupted` by recovery)."""
+    message.content = [
+        {
+            **part,
+            "status": "cancelled",
+            "cancel_reason": reason,
+            "resolved_at": wire.timestamp(now),
+        }
+        if part.get("type") == "interaction" and part.get("status") == "pending"
+        else part
+        for part in message.content
+    ]
 
 
 def _fail_unfinished_tools(message: MessageRow, reason: str) -> list[EventSpec]:

@@ -58,7 +58,7 @@ from app.runner.drivers import (
 from app.sessions import service as sessions_service
 from app.settings import Settings
 from app.tools import lifecycle
-from app.tools.schemas import is_client_side
+from app.tools.schemas import is_client_side, needs_approval
 
 log = logging.getLogger("app.runner")
 
@@ -376,15 +376,18 @@ class TurnRunner:
             return None, int(cap)
         return row.active_turn_id, int(cap)
 
-    async def _session_tools(self, session_id: uuid.UUID) -> list[dict[str, Any]]:
-        """The session's tool definitions as they are now: a PATCH takes effect at the
-        next step."""
+    async def _session_tools(
+        self, session_id: uuid.UUID
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """The session's tool definitions as they are now (a PATCH takes effect at the
+        next step), and whether tools that require approval ask for it."""
         async with self.database.statements() as conn:
             attributes = await conn.scalar(
                 select(models.Session.attributes).where(models.Session.id == session_id)
             )
-        tools = (attributes or {}).get("tools") or []
-        return list(tools)
+        attributes = attributes or {}
+        ask = attributes.get("approval_mode") != "always-allow"
+        return list(attributes.get("tools") or []), ask
 
     # ---- owning the turn: fenced checkpoints -----------------------------------------
 
@@ -621,7 +624,7 @@ class TurnRunner:
                     outcome = "completed"
                     return outcome
                 turn.tool_results = []
-                tools = await self._retrying(
+                tools, ask = await self._retrying(
                     functools.partial(self._session_tools, session_id)
                 )
                 client_calls: list[ToolCall] = []
@@ -629,6 +632,10 @@ class TurnRunner:
                     turn.tool_count += 1
                     if is_client_side(tools, call.name):
                         client_calls.append(call)
+                    elif ask and needs_approval(tools, call.name):
+                        turn.tool_results.append(
+                            await self._run_approved(turn, call, watch)
+                        )
                     else:
                         turn.tool_results.append(await self._run_tool(turn, call))
                 if client_calls:
@@ -900,14 +907,88 @@ class TurnRunner:
             step.session_id, step.delta(part_id, offset, text, event_type)
         )
 
-    async def _run_tool(self, turn: TurnProgress, call: ToolCall) -> dict[str, Any]:
-        """Run one tool call between its two checkpoints (`running`, then its outcome);
-        returns the result for the model."""
+    async def _run_approved(
+        self, turn: TurnProgress, call: ToolCall, watch: asyncio.Event
+    ) -> dict[str, Any]:
+        """A tool that requires approval: it moves to `awaiting_approval` with a pending
+        `interaction` part (one checkpoint), and the runner waits, holding the turn,
+        until `POST .../interactions/{id}` decides (it commits the interaction and the
+        tool's move to `running` or `failed` together) or the turn is cancelled. The
+        wait is not durable: recovery cancels the interaction (`runtime_interrupted`)."""
+        interaction_id = format_id("interaction", uuid7())
+        request = {
+            "tool_call": {"id": call.id, "name": call.name, "arguments": call.arguments}
+        }
+        interaction = {
+            "interaction_id": interaction_id,
+            "interaction_type": "approval",
+            "kind": "approval",
+            "status": "pending",
+            "prompt": f"Run {call.name}?",
+            "request": request,
+        }
         turn.message = await self._checkpoint(
             turn.session_id,
             turn.turn_id,
-            functools.partial(self._write_tool, turn, call.id, "running"),
+            functools.partial(
+                self._write_tool,
+                turn,
+                call.id,
+                lifecycle.AWAITING_APPROVAL,
+                interaction=interaction,
+            ),
         )
+        assert turn.message is not None
+        message_id = turn.message.id
+        while True:
+            watch.clear()
+            if await self._retrying(
+                functools.partial(self._cancel_requested, turn.session_id)
+            ):
+                raise TurnCancelled
+            stored = await self._retrying(
+                functools.partial(self._read_message, message_id)
+            )
+            part = next(
+                p
+                for p in stored.content
+                if p["type"] == "tool_call" and p["id"] == call.id
+            )
+            if part["status"] != lifecycle.AWAITING_APPROVAL:
+                break
+            # Every checkpoint of the session wakes `watch` (the decision's too, on
+            # any process); the timeout is a fallback.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(watch.wait(), 1.0)
+        # The decision wrote the message: go on from what it stored.
+        turn.message = stored
+        if part["status"] == lifecycle.RUNNING:
+            return await self._run_tool(turn, call, started=True)
+        denied = next(
+            (
+                p
+                for p in stored.content
+                if p["type"] == "tool_result" and p.get("tool_call_id") == call.id
+            ),
+            {},
+        )
+        return {"tool_call_id": call.id, "result": None, "error": denied.get("error")}
+
+    async def _read_message(self, message_id: uuid.UUID) -> MessageRow:
+        async with self.database.write() as db:
+            return await checkpoint.get_message_for_update(db, message_id)
+
+    async def _run_tool(
+        self, turn: TurnProgress, call: ToolCall, *, started: bool = False
+    ) -> dict[str, Any]:
+        """Run one tool call between its two checkpoints (`running`, unless an approval
+        `started` it, then its outcome); returns the result for the model."""
+        if not started:
+            turn.message = await self._checkpoint(
+                turn.session_id,
+                turn.turn_id,
+                functools.partial(self._write_tool, turn, call.id, "running"),
+            )
         began = time.monotonic()
         try:
             result, error, status = (

@@ -18,6 +18,11 @@ from app.schemas import (
 from app.tools.schemas import Tools
 
 SessionStatus = Literal["started", "active", "idle", "waitingfortoolresults"]
+ApprovalMode = Literal["ask", "always-allow"]
+APPROVAL_MODE_NOTE = (
+    "`ask` (the default): a tool whose policy is `requires_approval` waits for a "
+    "decision (`POST .../interactions/{id}`); `always-allow` runs it without asking."
+)
 
 
 # Strings and numbers also pass app/schemas.check_value; goal and system_prompt are
@@ -45,6 +50,9 @@ class SessionCreate(InputSchema):
         description="Tools the model may call: `client_side` ones are run by the "
         "client (the turn waits for `POST .../tool-results`), `builtin` ones here.",
     )
+    approval_mode: ApprovalMode | None = Field(
+        default=None, description=APPROVAL_MODE_NOTE
+    )
 
 
 class SessionUpdate(InputSchema):
@@ -56,6 +64,9 @@ class SessionUpdate(InputSchema):
         default=None,
         description="Replaces the session's tools (`[]` removes them all); the "
         "running turn sees the change at its next step.",
+    )
+    approval_mode: ApprovalMode | None = Field(
+        default=None, description=APPROVAL_MODE_NOTE
     )
 
 
@@ -73,6 +84,7 @@ class Session(Schema):
     started_at: str | None = None
     finished_at: str | None = None
     tools: list[dict[str, Any]] | None = None
+    approval_mode: ApprovalMode | None = None
     self_url: str
     view_url: str
     ui_link: str

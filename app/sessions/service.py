@@ -29,6 +29,7 @@ ATTRIBUTE_FIELDS = (
     "max_iterations",
     "source",
     "tools",
+    "approval_mode",
 )
 # Upstream's SessionActivity filter values, mapped onto our status.
 STATUS_FILTERS = {
@@ -224,7 +225,7 @@ async def update_session(
     if "tags" in changes:
         session.tags = changes["tags"] or []
     attributes = dict(session.attributes)
-    for key in ("goal", "locale", "tools"):
+    for key in ("goal", "locale", "tools", "approval_mode"):
         if key in changes:
             attributes[key] = changes[key]
     session.attributes = attributes

@@ -82,6 +82,14 @@ def is_client_side(tools: list[dict[str, Any]], name: str) -> bool:
     return False
 
 
+def needs_approval(tools: list[dict[str, Any]], name: str) -> bool:
+    """Whether the session's tool `name` asks before it runs (policy
+    `requires_approval`, unless the session's approval_mode is `always-allow`)."""
+    return any(
+        t.get("name") == name and t.get("policy") == "requires_approval" for t in tools
+    )
+
+
 class ToolResult(InputSchema):
     tool_call_id: Annotated[str, StorableText, Field(min_length=1, max_length=255)]
     result: Any = Field(default=None, description="What the tool returned (any JSON).")
