@@ -225,3 +225,28 @@ async def test_recovery_cancels_a_pending_interaction_as_interrupted(
         )
         assert final["state"] == "done"
         assert [p["status"] for p in parts(final, "tool_call")] == ["failed"]
+
+
+async def test_a_decision_posted_to_another_process_reaches_the_runner(
+    pg_settings: Settings, tmp_path: Path
+) -> None:
+    url = pg_settings.database_url
+    async with (
+        server_process(url, tmp_path, kill=True) as a,
+        server_process(url, tmp_path, kill=True) as b,
+        httpx.AsyncClient(base_url=a.url, timeout=10) as client_a,
+        httpx.AsyncClient(base_url=b.url, timeout=10) as client_b,
+    ):
+        session_id = await guarded_session(client_a)
+        await post_message(client_a, session_id, ASK)
+        interaction = await first_pending(client_b, session_id)
+        decided = await decide(
+            client_b, session_id, interaction["interaction_id"], decision="approve"
+        )
+        assert decided.status_code == 200, decided.text
+        await wait_idle(client_a, session_id)
+        final = (await list_messages(client_b, session_id))["data"][-1]
+        assert [p["status"] for p in parts(final, "tool_call")] == ["completed"]
+        assert text_of(final).endswith(
+            'The lookup tool returned {"query": "tea", "answer": 42}.'
+        )

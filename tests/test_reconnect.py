@@ -614,3 +614,45 @@ async def test_seed_client_converges_through_a_client_side_tool_wait(
         p["status"] for p in listed["data"][-1]["content"] if p["type"] == "tool_call"
     ]
     assert statuses == ["completed"]
+
+
+async def test_seed_client_converges_through_an_approval(
+    api: httpx.AsyncClient,
+) -> None:
+    """A tool that waits for approval, approved while the client is away: the client
+    converges while the interaction is pending and after the turn ends."""
+    guarded = {
+        "type": "builtin",
+        "name": "lookup",
+        "description": "Look something up",
+        "parameters": {"type": "object"},
+        "policy": "requires_approval",
+    }
+    created = await api.post("/v1/sessions", json={"tools": [guarded]})
+    session_id = created.json()["id"]
+    client = SeedClient(api, session_id)
+    await client.connect(
+        stop=Stop("sleep", 80),
+        post='/scenario call lookup {"query": "tea"}',
+        post_when="loaded",
+    )
+    found: list[dict[str, Any]] = []
+
+    async def pending() -> bool:
+        response = await api.get(
+            f"/v1/sessions/{session_id}/interactions", params={"status": "pending"}
+        )
+        found[:] = response.json()["data"]
+        return bool(found)
+
+    await wait_until(pending, "a pending interaction")
+    await client.connect(stop=Stop("sleep", 30))
+    assert client.messages() == (await list_messages(api, session_id))["data"]
+    decided = await api.post(
+        f"/v1/sessions/{session_id}/interactions/{found[0]['interaction_id']}",
+        json={"decision": "approve"},
+    )
+    assert decided.status_code == 200, decided.text
+    await client.connect(stop=Stop("final"))
+    await wait_idle(api, session_id)
+    check_converged(client, await list_messages(api, session_id), "approval")
