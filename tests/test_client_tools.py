@@ -265,6 +265,10 @@ async def test_refusals_change_nothing(
         client, session_id, {"tool_call_id": "c1"}, {"tool_call_id": "c1"}
     )
     assert "tool_results.1.tool_call_id" in assert_problem(twice, 422)["detail"]
+    huge = await post_results(
+        client, session_id, {"tool_call_id": "c1", "result": "x" * 40_000}
+    )
+    assert "tool_results.0.result" in assert_problem(huge, 422)["detail"]
     malformed = await client.post(
         f"/v1/sessions/{session_id}/tool-results",
         content=b"{",
