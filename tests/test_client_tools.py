@@ -13,8 +13,9 @@ import httpx
 import pytest
 from everruns_sdk import ContentPart, Everruns, ToolDefinition
 
+from app.messages.admission import RESERVATION_SECONDS
 from app.settings import Settings
-from tests.conftest import Running
+from tests.conftest import Running, running_app
 from tests.helpers import (
     assert_problem,
     create_session,
@@ -522,3 +523,25 @@ async def test_a_result_posted_to_another_process_resumes_the_turn(
         types = [e["type"] for e in await list_events(client_a, session_id)]
         assert types.count("turn.completed") == 1
         assert types.count("output.message.started") == 1
+
+
+async def test_a_waiting_turn_holds_no_place_of_the_turn_caps(
+    settings: Settings,
+) -> None:
+    capped = settings.model_copy(
+        update={"max_running_turns_per_org": 1, "max_running_turns_per_process": 1}
+    )
+    async with running_app(capped) as app:
+        client = app.client
+        waiting = await tool_session(client)
+        await post_message(client, waiting, ASK_WEATHER)
+        await wait_status(client, waiting, "waitingfortoolresults")
+        runner = app.app.state.app.runner
+        await wait_until(lambda: not runner.tasks, "the runner to let the session go")
+        # The process counts an admitted turn for a moment before its runner shows.
+        await asyncio.sleep(RESERVATION_SECONDS)
+        # Both caps are 1: another session's turn is admitted while the first waits.
+        other = await create_session(client)
+        posted = await post_message(client, other, "hello")
+        assert posted["delivery"] == "started"
+        await wait_idle(client, other)

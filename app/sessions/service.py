@@ -244,7 +244,9 @@ async def update_session(
 
 
 async def count_running_turns(db: Write, *, organization_id: uuid.UUID) -> int:
-    """How many of the organization's sessions run a turn, on any process."""
+    """How many of the organization's sessions run a turn, on any process. A turn
+    waiting for client tool results runs nowhere: it holds no place (when its results
+    arrive it goes on without being admitted again)."""
     conn = await db.core()
     count = await conn.scalar(
         select(func.count())
@@ -252,6 +254,7 @@ async def count_running_turns(db: Write, *, organization_id: uuid.UUID) -> int:
         .where(
             models.Session.organization_id == organization_id,
             models.Session.active_turn_id.is_not(None),
+            models.Session.status != "waitingfortoolresults",
         )
     )
     return int(count or 0)
