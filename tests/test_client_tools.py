@@ -545,3 +545,51 @@ async def test_a_waiting_turn_holds_no_place_of_the_turn_caps(
         posted = await post_message(client, other, "hello")
         assert posted["delivery"] == "started"
         await wait_idle(client, other)
+
+
+async def test_results_for_the_last_step_allowed_end_the_turn(
+    client: httpx.AsyncClient,
+) -> None:
+    """At the step cap the results are stored and the turn completes: no step after."""
+    response = await client.post(
+        "/v1/sessions", json={"tools": [WEATHER], "max_iterations": 1}
+    )
+    session_id = response.json()["id"]
+    await post_message(client, session_id, ASK_WEATHER)
+    await wait_status(client, session_id, "waitingfortoolresults")
+    call = agent_tool_parts((await list_messages(client, session_id))["data"][-1])[0]
+    answered = await post_results(
+        client, session_id, {"tool_call_id": call["id"], "result": "rain"}
+    )
+    assert answered.json() == {"accepted": 1, "status": "active"}
+    await wait_idle(client, session_id)
+    final = (await list_messages(client, session_id))["data"][-1]
+    assert final["state"] == "done"
+    assert text_of(final) == "Calling get_weather."
+    completed = [
+        e
+        for e in await list_events(client, session_id)
+        if e["type"] == "turn.completed"
+    ]
+    assert completed[0]["data"]["iterations"] == 1
+    assert completed[0]["data"]["tool_call_count"] == 1
+
+
+async def test_input_that_arrived_while_the_last_step_waited_gets_its_own_turn(
+    client: httpx.AsyncClient,
+) -> None:
+    response = await client.post(
+        "/v1/sessions", json={"tools": [WEATHER], "max_iterations": 1}
+    )
+    session_id = response.json()["id"]
+    await post_message(client, session_id, ASK_WEATHER)
+    await wait_status(client, session_id, "waitingfortoolresults")
+    call = agent_tool_parts((await list_messages(client, session_id))["data"][-1])[0]
+    assert (await post_message(client, session_id, "later"))["delivery"] == "steered"
+    await post_results(client, session_id, {"tool_call_id": call["id"], "result": 1})
+    await wait_idle(client, session_id)
+    messages = (await list_messages(client, session_id))["data"]
+    assert [m["role"] for m in messages] == ["user", "agent", "user", "agent"]
+    assert text_of(messages[-1]) == "later"
+    types = [e["type"] for e in await list_events(client, session_id)]
+    assert types.count("turn.completed") == 2

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 
 from app import wire
 from app.db import models
@@ -570,7 +570,11 @@ class TurnRunner:
             await self._resume(turn)
             if turn.message is not None and turn.iteration >= max_iterations:
                 # Resumed at the step cap (client results arrived for its last step,
-                # or its runner stopped between the cap's tools and its close).
+                # or its runner stopped between the cap's tools and its close). Input
+                # its steps saw is answered; newer input gets a turn of its own.
+                turn.consumed = await self._retrying(
+                    functools.partial(self._seen_input, turn)
+                )
                 await self._checkpoint(
                     session_id, turn_id, functools.partial(self._write_cap, turn)
                 )
@@ -761,6 +765,26 @@ class TurnRunner:
             if p["type"] == "tool_result" and p.get("step_id") == last_step
         ]
         log.info("turn resumed after step %d", turn.iteration)
+
+    async def _seen_input(self, turn: TurnProgress) -> int:
+        """The newest user message the turn's last step saw, for a turn resumed
+        without running another: what arrived while it waited for client tool results
+        (after its `tool.call_requested`) it did not see."""
+        async with self.database.statements() as conn:
+            waited = await conn.scalar(
+                select(func.max(models.Event.sequence)).where(
+                    models.Event.session_id == turn.session_id,
+                    models.Event.turn_id == turn.turn_id,
+                    models.Event.type == "tool.call_requested",
+                )
+            )
+            seen = select(func.max(models.Message.sequence)).where(
+                models.Message.session_id == turn.session_id,
+                models.Message.role == "user",
+            )
+            if waited is not None:
+                seen = seen.where(models.Message.sequence < waited)
+            return int(await conn.scalar(seen) or 0)
 
     async def _write_open(
         self, turn: TurnProgress, db: Write, session: LockedSession
