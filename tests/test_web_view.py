@@ -447,7 +447,7 @@ async def test_interactions_actions_and_user_parts_render(
     interaction = first.locator('.part[data-type="interaction"]')
     assert await interaction.get_attribute("data-status") == "pending"
     assert (await interaction.locator(".prompt").text_content()) == "Delete /tmp/x?"
-    # The client has no respond() until the Interactions API exists: the buttons
+    # The JS client has no respond() yet (the server's interactions route exists): the buttons
     # show, disabled, and say why.
     for decision in ("approve", "deny"):
         button = interaction.locator(f'button[data-decision="{decision}"]')
@@ -467,7 +467,7 @@ async def test_interactions_actions_and_user_parts_render(
     image = user.locator(".part.attachment img")
     assert await image.evaluate("(img) => img.complete && img.naturalWidth") == 1
 
-    # With a client that has respond() (as the Interactions API will bring), the
+    # With a client that has respond() (which the JS client is to get), the
     # buttons send the decision; a refusal is shown beside them.
     async def with_respond(route: "Route") -> None:
         response = await route.fetch()

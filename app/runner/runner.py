@@ -970,21 +970,20 @@ class TurnRunner:
                 functools.partial(self._cancel_requested, turn.session_id)
             ):
                 raise TurnCancelled
-            stored = await self._retrying(
-                functools.partial(self._read_message, message_id)
+            status = await self._retrying(
+                functools.partial(self._tool_status, message_id, call.id)
             )
-            part = next(
-                p
-                for p in stored.content
-                if p["type"] == "tool_call" and p["id"] == call.id
-            )
-            if part["status"] != lifecycle.AWAITING_APPROVAL:
+            if status != lifecycle.AWAITING_APPROVAL:
                 break
             # Every checkpoint of the session wakes `watch` (the decision's too, on
             # any process); the timeout is a fallback.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(watch.wait(), 1.0)
         # The decision wrote the message: go on from what it stored.
+        stored = await self._retrying(functools.partial(self._read_message, message_id))
+        part = next(
+            p for p in stored.content if p["type"] == "tool_call" and p["id"] == call.id
+        )
         turn.message = stored
         if part["status"] == lifecycle.RUNNING:
             return await self._run_tool(turn, call, started=True)
@@ -997,6 +996,18 @@ class TurnRunner:
             {},
         )
         return {"tool_call_id": call.id, "result": None, "error": denied.get("error")}
+
+    async def _tool_status(
+        self, message_id: uuid.UUID, tool_call_id: str
+    ) -> str | None:
+        async with self.database.statements() as conn:
+            content = await conn.scalar(
+                select(models.Message.content).where(models.Message.id == message_id)
+            )
+        for part in content or ():
+            if part.get("type") == "tool_call" and part.get("id") == tool_call_id:
+                return str(part.get("status"))
+        return None
 
     async def _read_message(self, message_id: uuid.UUID) -> MessageRow:
         async with self.database.write() as db:
