@@ -2,7 +2,8 @@
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from app.schemas import (
     FREE_JSON_NOTE,
@@ -16,6 +17,21 @@ from app.schemas import (
     Title,
 )
 from app.tools.schemas import Tools
+
+
+def _json_integer(cls: Any, value: Any) -> Any:
+    """A JSON Schema integer: `3` or `3.0`, never `true` or `"3"` (which pydantic's
+    lax mode would read as 1 and 3)."""
+    if value is None:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PydanticCustomError("int_type", "must be an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise PydanticCustomError("int_type", "must be an integer")
+        return int(value)
+    return value
+
 
 SessionStatus = Literal["started", "active", "idle", "waitingfortoolresults"]
 ApprovalMode = Literal["ask", "always-allow"]
@@ -45,6 +61,9 @@ class SessionCreate(InputSchema):
     metadata: JsonObject | None = Field(default=None, description=FREE_JSON_NOTE)
     max_iterations: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
     source: Literal["chat", "api"] | None = None
+
+    _integer = field_validator("max_iterations", mode="before")(_json_integer)
+
     tools: Tools | None = Field(
         default=None,
         description="Tools the model may call: `client_side` ones are run by the "
