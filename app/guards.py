@@ -312,6 +312,8 @@ def check_session(data: Any, settings: Settings) -> None:
     are the request model's (app/schemas.py)."""
     check_json_field("metadata", getattr(data, "metadata", None), settings)
     check_json_field("hints", getattr(data, "hints", None), settings)
+    for index, tool in enumerate(getattr(data, "tools", None) or ()):
+        check_json_field(f"tools.{index}.parameters", tool.parameters, settings)
     for field in ("goal", "system_prompt"):
         value = getattr(data, field, None)
         if isinstance(value, str) and len(value) > settings.max_text_chars:

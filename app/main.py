@@ -35,6 +35,7 @@ from app.errors import (
 from app.events.router import router as events_router
 from app.guards import BodyGuardMiddleware, RateLimiter, RateLimitMiddleware
 from app.hot import HotRoutes
+from app.interactions.router import router as interactions_router
 from app.live.bus import create_bus
 from app.live.dispatch import Dispatcher
 from app.live.fanout import Fanout
@@ -55,6 +56,7 @@ from app.schemas import JSON_VALUE_SCHEMA
 from app.sessions.router import router as sessions_router
 from app.settings import Settings, get_settings
 from app.state import AppState
+from app.tools.router import router as tools_router
 from app.web.router import create_router as web_router
 
 log = logging.getLogger("app")
@@ -70,6 +72,8 @@ def api_router() -> APIRouter:
         messages_router,
         events_router,
         catalog_router,
+        tools_router,
+        interactions_router,
     ):
         router.include_router(feature)
     return router

@@ -114,7 +114,7 @@ def summary(part: dict[str, Any]) -> tuple[str, str]:
     """(style, one line) for a part that is not streamed text."""
     kind = part.get("type")
     if kind == "tool_call":
-        status = part.get("status") or "requested"
+        status = part.get("status") or "ready"
         arguments = _clip(part.get("arguments"))
         return "tool", f"[tool {part.get('name')} {arguments}: {status}]"
     if kind == "tool_result":

@@ -134,14 +134,18 @@ async def wait_converged(
     *,
     headers: dict[str, str] | None = None,
     within: float = 20.0,
+    open_ok: bool = False,
 ) -> list[dict[str, Any]]:
-    """Waits until no message streams and the page shows exactly what the API lists,
-    in order; returns it."""
+    """Waits until no message streams (unless `open_ok`: a message that waits, as a
+    tool awaiting approval keeps its message open) and the page shows exactly what
+    the API lists, in order; returns it."""
     deadline = time.monotonic() + within
     while True:
         expected = await api_messages(client, session_id, headers)
         shown = await rendered(page)
-        if shown == expected and all(m["state"] == "done" for m in expected):
+        if shown == expected and (
+            open_ok or all(m["state"] == "done" for m in expected)
+        ):
             return shown
         if time.monotonic() > deadline:
             raise AssertionError(

@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
+import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -201,3 +202,166 @@ async def test_action_joins_streaming_message_or_stands_alone(running: Running) 
         "output.message.completed",
     ]
     assert alone["sequence"] == 2  # the sequence of the event that created it
+
+
+# ---- the tool life cycle (app/tools/lifecycle.py) -------------------------------------
+
+
+async def message_with_tool(handle: Database, sid: uuid.UUID) -> uuid.UUID:
+    """A streaming agent message whose committed step holds tool call `c1`, ready."""
+    async with handle.write() as db:
+        session = await sessions_service.lock_session(db, sid)
+        assert session is not None
+        opened = await checkpoint.open_agent_message(db, session, turn_id=uuid.uuid4())
+        assert opened.message is not None
+        tool = {"type": "tool_call", "id": "c1", "name": "lookup", "arguments": {}}
+        await checkpoint.commit_step(
+            db, session, opened.message, step_id="s1", parts=[tool]
+        )
+        return opened.message.id
+
+
+async def move(handle: Database, sid: uuid.UUID, mid: uuid.UUID, status: str) -> None:
+    async with locked(handle, sid, mid) as (db, session, message):
+        await checkpoint.tool_transition(
+            db,
+            session,
+            message,
+            tool_call_id="c1",
+            status=status,
+            result={"ok": True} if status == "completed" else None,
+            error="no" if status == "failed" else None,
+        )
+
+
+ALLOWED_PATHS = [
+    (["running", "completed"], ["tool.started", "tool.completed"]),
+    (["running", "failed"], ["tool.started", "tool.completed"]),
+    (
+        ["awaiting_approval", "running", "completed"],
+        ["output.message.completed", "tool.started", "tool.completed"],
+    ),
+    (["awaiting_approval", "failed"], ["output.message.completed", "tool.completed"]),
+    (["awaiting_client", "completed"], ["tool.call_requested", "tool.completed"]),
+    (["awaiting_client", "failed"], ["tool.call_requested", "tool.completed"]),
+    (["failed"], ["tool.completed"]),
+]
+
+FORBIDDEN = [
+    ([], "completed"),
+    ([], "input_streaming"),
+    ([], "ready"),
+    (["running"], "awaiting_client"),
+    (["running"], "running"),
+    (["running", "completed"], "running"),
+    (["running", "completed"], "failed"),
+    (["awaiting_client"], "running"),
+    (["awaiting_approval"], "completed"),
+    (["awaiting_approval"], "awaiting_client"),
+    (["failed"], "completed"),
+]
+
+
+async def test_each_allowed_tool_transition_is_one_checkpoint(running: Running) -> None:
+    handle = database(running)
+    for path, types in ALLOWED_PATHS:
+        sid = await new_session(handle)
+        mid = await message_with_tool(handle, sid)
+        start = len(await events(handle, sid))
+        revision = (await snapshot(handle, mid))["revision"]
+        for status in path:
+            await move(handle, sid, mid, status)
+            revision += 1
+            snap = await snapshot(handle, mid)
+            assert snap["revision"] == revision, path
+            call = next(p for p in snap["content"] if p["type"] == "tool_call")
+            assert (call["part_id"], call["status"]) == ("agent-tool_call:1", status)
+        assert [t for _, t in (await events(handle, sid))[start:]] == types, path
+        results = [p for p in snap["content"] if p["type"] == "tool_result"]
+        assert len(results) == 1, path
+
+
+async def test_an_impossible_tool_transition_raises_and_writes_nothing(
+    running: Running,
+) -> None:
+    handle = database(running)
+    for path, target in FORBIDDEN:
+        sid = await new_session(handle)
+        mid = await message_with_tool(handle, sid)
+        for status in path:
+            await move(handle, sid, mid, status)
+        before = (await events(handle, sid), await snapshot(handle, mid))
+        with pytest.raises(checkpoint.ToolTransitionError):
+            await move(handle, sid, mid, target)
+        assert (await events(handle, sid), await snapshot(handle, mid)) == before, (
+            path,
+            target,
+        )
+
+
+async def test_a_step_commits_its_tools_ready_and_never_closes_over_one(
+    running: Running,
+) -> None:
+    handle = database(running)
+    sid = await new_session(handle)
+    async with handle.write() as db:
+        session = await sessions_service.lock_session(db, sid)
+        assert session is not None
+        opened = await checkpoint.open_agent_message(db, session, turn_id=uuid.uuid4())
+        assert opened.message is not None
+        mid = opened.message.id
+    before = (await events(handle, sid), await snapshot(handle, mid))
+    tool = {"type": "tool_call", "id": "c1", "name": "lookup", "arguments": {}}
+    for status, close in [
+        ("running", False),
+        ("awaiting_client", False),
+        ("input_streaming", False),
+        ("completed", False),
+        ("ready", True),
+    ]:
+        with pytest.raises(checkpoint.ToolTransitionError):
+            async with locked(handle, sid, mid) as (db, session, message):
+                await checkpoint.commit_step(
+                    db,
+                    session,
+                    message,
+                    step_id="s1",
+                    parts=[{**tool, "status": status}],
+                    close=close,
+                )
+        assert (await events(handle, sid), await snapshot(handle, mid)) == before
+    # Without a status, a tool call enters ready (an older part's "requested" too).
+    async with locked(handle, sid, mid) as (db, session, message):
+        await checkpoint.commit_step(
+            db,
+            session,
+            message,
+            step_id="s1",
+            parts=[tool, {**tool, "id": "c2", "status": "requested"}],
+        )
+    snap = await snapshot(handle, mid)
+    assert [p["status"] for p in snap["content"]] == ["ready", "ready"]
+
+
+async def test_closing_a_message_fails_its_unfinished_tools(running: Running) -> None:
+    handle = database(running)
+    sid = await new_session(handle)
+    mid = await message_with_tool(handle, sid)
+    await move(handle, sid, mid, "awaiting_client")
+    start = len(await events(handle, sid))
+    async with locked(handle, sid, mid) as (db, session, message):
+        await checkpoint.close_message(
+            db, session, message, error=("interrupted", "Interrupted")
+        )
+    snap = await snapshot(handle, mid)
+    assert snap["state"] == "done"
+    assert [(p["type"], p.get("status")) for p in snap["content"]] == [
+        ("tool_call", "failed"),
+        ("tool_result", None),
+        ("error", None),
+    ]
+    assert snap["content"][1]["error"] == "Interrupted"
+    assert [t for _, t in (await events(handle, sid))[start:]] == [
+        "tool.completed",
+        "output.message.completed",
+    ]

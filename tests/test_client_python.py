@@ -261,6 +261,51 @@ async def test_send_and_wait_answers_with_the_finished_turn(
         assert refused.value.code == "invalid_parameter"
 
 
+async def test_tool_results_and_approvals(keyed_server: KeyedServer) -> None:
+    weather = {
+        "type": "client_side",
+        "name": "get_weather",
+        "description": "The weather",
+        "parameters": {"type": "object"},
+    }
+    guarded = {
+        "type": "builtin",
+        "name": "lookup",
+        "description": "Look something up",
+        "parameters": {"type": "object"},
+        "policy": "requires_approval",
+    }
+    async with make_client(keyed_server) as client:
+        session = await client.create_session(tools=[weather, guarded])
+        await session.send('/scenario call get_weather {"city": "Kyiv"}')
+
+        async def waiting() -> bool:
+            return bool((await session.get())["status"] == "waitingfortoolresults")
+
+        await wait_until(waiting, "the session to wait for the tool result")
+        agent = (await session.messages()).items[-1]
+        call = next(p for p in agent["content"] if p["type"] == "tool_call")
+        answer = await session.submit_tool_results(
+            [{"tool_call_id": call["id"], "result": "sunny"}]
+        )
+        assert answer == {"accepted": 1, "status": "active"}
+        await wait_idle(session)
+
+        await session.send('/scenario call lookup {"query": "tea"}')
+
+        async def asked() -> bool:
+            return bool(await session.interactions("pending"))
+
+        await wait_until(asked, "a pending approval")
+        (pending,) = await session.interactions("pending")
+        decided = await session.respond(pending["interaction_id"], "deny", "no")
+        assert decided["status"] == "denied"
+        await wait_idle(session)
+        with pytest.raises(EvermirrorError) as caught:
+            await session.respond(pending["interaction_id"], "approve")
+        assert caught.value.code == "interaction_resolved"
+
+
 # ---- subscribe() --------------------------------------------------------------------
 
 

@@ -27,6 +27,8 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings, strategies as st
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 from schemathesis.core.failures import Failure
 
 from app.schemas import MAX_INT32
@@ -199,6 +201,31 @@ def flatmap_query(
     return st.sampled_from(Known.events).map(lambda e: {**query, "since_id": e})
 
 
+def body_refused_by_design(case: schemathesis.Case) -> bool:
+    """Bodies valid by the schema that the service refuses by design (422), which a
+    schema cannot say: tools with one name twice or `parameters` that are not a JSON
+    Schema, and one tool call's result twice in a request."""
+    body = case.body if isinstance(case.body, dict) else {}
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        names = [t.get("name") for t in tools if isinstance(t, dict)]
+        if len(names) != len(set(map(str, names))):
+            return True
+        for tool in tools:
+            parameters = tool.get("parameters") if isinstance(tool, dict) else None
+            if isinstance(parameters, dict):
+                try:
+                    Draft202012Validator.check_schema(parameters)
+                except SchemaError:
+                    return True
+    results = body.get("tool_results")
+    if isinstance(results, list):
+        ids = [str(r.get("tool_call_id")) for r in results if isinstance(r, dict)]
+        if len(ids) != len(set(ids)):
+            return True
+    return False
+
+
 def problem_json(
     ctx: Any, response: schemathesis.Response, case: schemathesis.Case
 ) -> bool | None:
@@ -238,6 +265,11 @@ def _call(case: schemathesis.Case, server: Server) -> None:
         # Cases of the coverage phase skip the hooks; the schema cannot say "not both".
         response = case.call(base_url=server.url, timeout=10)
         assert response.status_code == 400, response.text
+        assert response.headers["content-type"] == ["application/problem+json"]
+        return
+    if case.method == case.operation.method.upper() and body_refused_by_design(case):
+        response = case.call(base_url=server.url, timeout=10)
+        assert response.status_code == 422, response.text
         assert response.headers["content-type"] == ["application/problem+json"]
         return
     try:

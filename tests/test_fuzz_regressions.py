@@ -379,3 +379,17 @@ async def test_search_matches_percent_and_underscore_literally(
     assert [s["title"] for s in percent["data"]] == ["100% sure"]
     underscore = (await client.get("/v1/sessions", params={"search": "a_b"})).json()
     assert [s["title"] for s in underscore["data"]] == ["a_b"]
+
+
+# POST /v1/sessions {"max_iterations": true}: JSON true was read as 1 (201).
+@pytest.mark.parametrize("value", [True, False, "3", 2.5])
+async def test_max_iterations_takes_integers_only(api: Api, value: Any) -> None:
+    response = await api.client.post("/v1/sessions", json={"max_iterations": value})
+    body = assert_problem(response, 422)
+    assert "max_iterations" in body["detail"], body
+
+
+async def test_max_iterations_takes_an_integral_number(api: Api) -> None:
+    response = await api.client.post("/v1/sessions", json={"max_iterations": 3.0})
+    assert response.status_code == 201, response.text
+    assert response.json()["max_iterations"] == 3

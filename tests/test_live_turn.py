@@ -286,7 +286,7 @@ async def test_tool_turn_order_and_tool_part_transitions(
         body = frame.json()
         if frame.event == "part" and body["part"]["type"] == "tool_call":
             tool_parts.append((body["revision"], body["part"]["part_id"], "live"))
-            assert body["part"]["status"] == "requested"
+            assert body["part"]["status"] == "ready"
         if frame.event == "message" and body["message"]["role"] == "agent":
             message = body["message"]
             calls = [p for p in message["content"] if p["type"] == "tool_call"]
@@ -298,9 +298,9 @@ async def test_tool_turn_order_and_tool_part_transitions(
     assert len({part_id for _, part_id, _ in tool_parts}) == 1
     statuses = [status for _, _, status in tool_parts]
     assert statuses[0] == "live"
-    # requested (step committed) -> running -> completed, never backwards. Snapshots
+    # ready (step committed) -> running -> completed, never backwards. Snapshots
     # that commit close together may reach a live subscriber as the latest one only.
-    rank = {"requested": 0, "running": 1, "completed": 2}
+    rank = {"ready": 0, "running": 1, "completed": 2}
     observed = [rank[status] for status in statuses[1:]]
     assert observed == sorted(observed)
     assert statuses[-1] == "completed"

@@ -600,3 +600,93 @@ async def test_checkpoint_committed_after_subscribing_is_delivered(
             first.cancel()
         await stream.aclose()
         await other.dispose()
+
+
+async def test_seed_client_converges_through_a_client_side_tool_wait(
+    api: httpx.AsyncClient,
+) -> None:
+    """A turn that waits for a client-side tool result and then goes on: the client
+    converges to the list while the session waits (the tool awaiting the client in an
+    open message) and again after the result, across reconnects on either side."""
+    weather = {
+        "type": "client_side",
+        "name": "get_weather",
+        "description": "The weather",
+        "parameters": {"type": "object"},
+    }
+    created = await api.post("/v1/sessions", json={"tools": [weather]})
+    session_id = created.json()["id"]
+    client = SeedClient(api, session_id)
+    await client.connect(
+        stop=Stop("sleep", 80),
+        post='/scenario call get_weather {"city": "Kyiv"}',
+        post_when="loaded",
+    )
+
+    async def waiting() -> bool:
+        session = await api.get(f"/v1/sessions/{session_id}")
+        return bool(session.json()["status"] == "waitingfortoolresults")
+
+    await wait_until(waiting, "the session to wait for the tool result")
+    await client.connect(stop=Stop("sleep", 30))
+    listed = await list_messages(api, session_id)
+    assert client.messages() == listed["data"]
+    agent = listed["data"][-1]
+    call = next(p for p in agent["content"] if p["type"] == "tool_call")
+    assert (agent["state"], call["status"]) == ("streaming", "awaiting_client")
+
+    answered = await api.post(
+        f"/v1/sessions/{session_id}/tool-results",
+        json={"tool_results": [{"tool_call_id": call["id"], "result": "sunny"}]},
+    )
+    assert answered.status_code == 200, answered.text
+    await client.connect(stop=Stop("final"))
+    await wait_idle(api, session_id)
+    listed = await list_messages(api, session_id)
+    check_converged(client, listed, "client-side tool")
+    statuses = [
+        p["status"] for p in listed["data"][-1]["content"] if p["type"] == "tool_call"
+    ]
+    assert statuses == ["completed"]
+
+
+async def test_seed_client_converges_through_an_approval(
+    api: httpx.AsyncClient,
+) -> None:
+    """A tool that waits for approval, approved while the client is away: the client
+    converges while the interaction is pending and after the turn ends."""
+    guarded = {
+        "type": "builtin",
+        "name": "lookup",
+        "description": "Look something up",
+        "parameters": {"type": "object"},
+        "policy": "requires_approval",
+    }
+    created = await api.post("/v1/sessions", json={"tools": [guarded]})
+    session_id = created.json()["id"]
+    client = SeedClient(api, session_id)
+    await client.connect(
+        stop=Stop("sleep", 80),
+        post='/scenario call lookup {"query": "tea"}',
+        post_when="loaded",
+    )
+    found: list[dict[str, Any]] = []
+
+    async def pending() -> bool:
+        response = await api.get(
+            f"/v1/sessions/{session_id}/interactions", params={"status": "pending"}
+        )
+        found[:] = response.json()["data"]
+        return bool(found)
+
+    await wait_until(pending, "a pending interaction")
+    await client.connect(stop=Stop("sleep", 30))
+    assert client.messages() == (await list_messages(api, session_id))["data"]
+    decided = await api.post(
+        f"/v1/sessions/{session_id}/interactions/{found[0]['interaction_id']}",
+        json={"decision": "approve"},
+    )
+    assert decided.status_code == 200, decided.text
+    await client.connect(stop=Stop("final"))
+    await wait_idle(api, session_id)
+    check_converged(client, await list_messages(api, session_id), "approval")

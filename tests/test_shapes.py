@@ -147,7 +147,16 @@ SEED_PARTS: dict[str, dict[str, Any]] = {
             "name": NON_EMPTY,
             "arguments": NOT_NULL,
             "native": NATIVE_TOOL_CALL,
-            "status": {"enum": ["requested", "running", "completed", "failed"]},
+            "status": {
+                "enum": [
+                    "ready",
+                    "awaiting_approval",
+                    "awaiting_client",
+                    "running",
+                    "completed",
+                    "failed",
+                ]
+            },
         },
     ),
     "tool_result": part(
@@ -649,7 +658,7 @@ def check_tool_message(agent: dict[str, Any], events: list[dict[str, Any]]) -> N
     assert first["state"] == "streaming"
     assert first["phase"] == "commentary"
     assert [p["status"] for p in first["content"] if p["type"] == "tool_call"] == [
-        "requested"
+        "ready"
     ]
     for earlier in snapshots:
         for old, new in zip(earlier["content"], content, strict=False):

@@ -343,8 +343,8 @@ async def test_the_scripted_scenarios_render_their_parts(
 
 async def seed_agent_parts(database_url: str) -> str:
     """A session whose agent parts no HTTP call makes yet: a tool call awaiting an
-    approval (an interaction part) and a standalone action message, written by the
-    checkpoint writer as the runner would."""
+    approval (an interaction part, in a message still open) and a standalone action
+    message, written by the checkpoint writer as the runner would."""
     database = Database.from_settings(Settings(database_url=database_url))
     try:
         async with database.write() as db:
@@ -378,18 +378,23 @@ async def seed_agent_parts(database_url: str) -> str:
                         "id": "call_1",
                         "name": "delete_files",
                         "arguments": {"path": "/tmp/x"},
-                        "status": "awaiting_approval",
-                    },
-                    {
-                        "type": "interaction",
-                        "interaction_id": "interaction_1",
-                        "kind": "approval",
-                        "status": "pending",
-                        "tool_call_id": "call_1",
-                        "prompt": "Delete /tmp/x?",
                     },
                 ],
-                close=True,
+            )
+            # The tool waits for approval (its message stays open: a message closes
+            # only once its tools are finished), with its interaction part.
+            await checkpoint.tool_transition(
+                db,
+                session,
+                message,
+                tool_call_id="call_1",
+                status="awaiting_approval",
+                interaction={
+                    "interaction_id": "interaction_1",
+                    "kind": "approval",
+                    "status": "pending",
+                    "prompt": "Delete /tmp/x?",
+                },
             )
         async with database.write() as db:
             session = await sessions_service.lock_session(db, session_id)
@@ -435,14 +440,14 @@ async def test_interactions_actions_and_user_parts_render(
     )
     await wait_idle(api, session_id)
     await open_chat(page, live_server.url, session_id)
-    await wait_converged(page, api, session_id)
+    await wait_converged(page, api, session_id, open_ok=True)
     first = page.locator("#list > .message").nth(0)
     tool = first.locator('.part[data-type="tool_call"]')
     assert await tool.get_attribute("data-status") == "awaiting_approval"
     interaction = first.locator('.part[data-type="interaction"]')
     assert await interaction.get_attribute("data-status") == "pending"
     assert (await interaction.locator(".prompt").text_content()) == "Delete /tmp/x?"
-    # The client has no respond() until the Interactions API exists: the buttons
+    # The JS client has no respond() yet (the server's interactions route exists): the buttons
     # show, disabled, and say why.
     for decision in ("approve", "deny"):
         button = interaction.locator(f'button[data-decision="{decision}"]')
@@ -462,7 +467,7 @@ async def test_interactions_actions_and_user_parts_render(
     image = user.locator(".part.attachment img")
     assert await image.evaluate("(img) => img.complete && img.naturalWidth") == 1
 
-    # With a client that has respond() (as the Interactions API will bring), the
+    # With a client that has respond() (which the JS client is to get), the
     # buttons send the decision; a refusal is shown beside them.
     async def with_respond(route: "Route") -> None:
         response = await route.fetch()

@@ -21,10 +21,15 @@ from app.db.writes import EventRow, LockedSession, MessageRow, Write
 from app.events.service import EventSpec, render_event_rows
 from app.ids import format_id, uuid7
 from app.messages import render
+from app.tools import lifecycle
 
 
 class CheckpointError(Exception):
     """A checkpoint that would break a message invariant (closed message, unknown part)."""
+
+
+class ToolTransitionError(CheckpointError):
+    """A tool state change the life cycle does not allow (app/tools/lifecycle.py)."""
 
 
 @dataclass
@@ -291,6 +296,12 @@ async def commit_step(
     `then` follow in the same checkpoint."""
     now = utcnow()
     _touch(message, now)
+    parts = [_entering(part) for part in parts]
+    if close and any(
+        p["type"] == "tool_call" and p["status"] not in lifecycle.TERMINAL
+        for p in parts
+    ):
+        raise ToolTransitionError("a step with unfinished tool calls cannot close")
     message.content = [
         *message.content,
         *number_parts("agent", message.content, parts, step_id),
@@ -305,6 +316,70 @@ async def commit_step(
         message.state = "done"
     spec = _completed(message, usage=usage)
     return await _commit(db, session, now, message, [spec, *then])
+
+
+def _entering(part: dict[str, Any]) -> dict[str, Any]:
+    """A tool call enters a committed step `ready` (or `failed`, when it cannot run at
+    all, as with arguments that are not JSON); it is never committed while its input
+    streams."""
+    if part.get("type") != "tool_call":
+        return part
+    status = part.get("status") or lifecycle.READY
+    if lifecycle.current(status) not in (lifecycle.READY, lifecycle.FAILED):
+        raise ToolTransitionError(
+            f"tool call {part.get('id')} cannot be committed as {status!r}: a step "
+            "commits its tool calls ready (or failed)"
+        )
+    return {**part, "status": lifecycle.current(status)}
+
+
+def _tool_call(part: dict[str, Any]) -> dict[str, Any]:
+    return {"id": part["id"], "name": part["name"], "arguments": part.get("arguments")}
+
+
+def _check_transition(part: dict[str, Any], status: str) -> None:
+    if not lifecycle.allowed(part.get("status"), status):
+        raise ToolTransitionError(
+            f"tool call {part['id']} cannot go from "
+            f"{lifecycle.current(part.get('status'))!r} to {status!r}"
+        )
+
+
+def _tool_result(tool_call_id: str, result: Any, error: str | None) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "tool_result", "tool_call_id": tool_call_id}
+    if result is not None:
+        part["result"] = result
+    if error is not None:
+        part["error"] = error
+    return part
+
+
+def _tool_completed(
+    message: MessageRow,
+    part: dict[str, Any],
+    status: str,
+    *,
+    result: Any = None,
+    error: str | None = None,
+    duration_ms: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> EventSpec:
+    data: dict[str, Any] = {
+        "tool_call_id": part["id"],
+        "tool_name": part["name"],
+        # Upstream's ToolCompleted: status "success"|"error", result as content parts.
+        "status": "success" if status == lifecycle.COMPLETED else "error",
+        "success": status == lifecycle.COMPLETED,
+    }
+    if result is not None:
+        text = result if isinstance(result, str) else wire.dumps(result).decode()
+        data["result"] = [{"type": "text", "text": text}]
+    if error is not None:
+        data["error"] = error
+    if duration_ms is not None:
+        data["duration_ms"] = duration_ms
+    data.update(extra or {})
+    return EventSpec("tool.completed", data, turn_id=message.turn_id)
 
 
 def _find_part(message: MessageRow, **match: Any) -> tuple[int, dict[str, Any]]:
@@ -327,28 +402,24 @@ async def tool_transition(
     error: str | None = None,
     duration_ms: int | None = None,
     interaction: dict[str, Any] | None = None,
+    event_data: dict[str, Any] | None = None,
 ) -> Checkpoint:
-    """Move a tool through `running` -> `completed|failed`, updating its existing
-    tool_call part. Completion appends the matching tool_result part. A related
-    interaction part (created or updated by `interaction_id`) commits in the same
-    checkpoint."""
+    """Move one tool along its life cycle (app/tools/lifecycle.py), updating its
+    existing tool_call part; a move the life cycle does not allow raises
+    ToolTransitionError and writes nothing. `completed`/`failed` append the matching
+    tool_result part. A related interaction part (created or updated by
+    `interaction_id`) commits in the same checkpoint. `event_data` joins the data of
+    the transition's event."""
     now = utcnow()
     index, part = _find_part(message, type="tool_call", id=tool_call_id)
+    _check_transition(part, status)
     _touch(message, now)
     content = [dict(p) for p in message.content]
     content[index] = {**part, "status": status}
     step_id = part.get("step_id")
     new_parts: list[dict[str, Any]] = []
-    if status in ("completed", "failed"):
-        tool_result: dict[str, Any] = {
-            "type": "tool_result",
-            "tool_call_id": tool_call_id,
-        }
-        if result is not None:
-            tool_result["result"] = result
-        if error is not None:
-            tool_result["error"] = error
-        new_parts.append(tool_result)
+    if status in lifecycle.TERMINAL:
+        new_parts.append(_tool_result(tool_call_id, result, error))
     if interaction is not None:
         try:
             i_index, existing = _find_part(
@@ -362,33 +433,71 @@ async def tool_transition(
                 {**interaction, "type": "interaction", "tool_call_id": tool_call_id}
             )
     message.content = [*content, *number_parts("agent", content, new_parts, step_id)]
-    tool_call = {
-        "id": tool_call_id,
-        "name": part["name"],
-        "arguments": part.get("arguments"),
-    }
-    if status == "running":
+    if status == lifecycle.RUNNING:
         spec = EventSpec(
-            "tool.started", {"tool_call": tool_call}, turn_id=message.turn_id
+            "tool.started",
+            {"tool_call": _tool_call(part), **(event_data or {})},
+            turn_id=message.turn_id,
         )
+    elif status == lifecycle.AWAITING_CLIENT:
+        spec = _call_requested(message, [part], event_data)
+    elif status == lifecycle.AWAITING_APPROVAL:
+        spec = _completed(message)
     else:
-        data: dict[str, Any] = {
-            "tool_call_id": tool_call_id,
-            "tool_name": part["name"],
-            # Upstream's ToolCompleted: status "success"|"error", result as content parts.
-            "status": "success" if status == "completed" else "error",
-            "success": status == "completed",
-        }
-        if result is not None:
-            text = result if isinstance(result, str) else wire.dumps(result).decode()
-            data["result"] = [{"type": "text", "text": text}]
-        if error is not None:
-            data["error"] = error
-        if duration_ms is not None:
-            data["duration_ms"] = duration_ms
-        spec = EventSpec("tool.completed", data, turn_id=message.turn_id)
-    render.render(message)
+        spec = _tool_completed(
+            message,
+            part,
+            status,
+            result=result,
+            error=error,
+            duration_ms=duration_ms,
+            extra=event_data,
+        )
+    if spec.type != "output.message.completed":
+        render.render(message)
     return await _commit(db, session, now, message, [spec])
+
+
+def _call_requested(
+    message: MessageRow,
+    parts: Sequence[dict[str, Any]],
+    extra: dict[str, Any] | None = None,
+) -> EventSpec:
+    """`tool.call_requested`: upstream's `tool_calls` batch, and `tool_call` (the
+    first of them) for clients that read one call an event."""
+    calls = [_tool_call(p) for p in parts]
+    return EventSpec(
+        "tool.call_requested",
+        {"tool_call": calls[0], "tool_calls": calls, **(extra or {})},
+        turn_id=message.turn_id,
+    )
+
+
+async def request_client_tools(
+    db: Write,
+    session: LockedSession,
+    message: MessageRow,
+    *,
+    tool_call_ids: Sequence[str],
+) -> Checkpoint:
+    """Hand tool calls to the client, in one checkpoint: each part moves to
+    `awaiting_client`, one `tool.call_requested` event per call, and the session
+    status becomes `waitingfortoolresults`. The turn stays the session's."""
+    if not tool_call_ids:
+        raise CheckpointError("no tool calls to hand to the client")
+    now = utcnow()
+    found = [_find_part(message, type="tool_call", id=i) for i in tool_call_ids]
+    for _, part in found:
+        _check_transition(part, lifecycle.AWAITING_CLIENT)
+    _touch(message, now)
+    content = [dict(p) for p in message.content]
+    for index, part in found:
+        content[index] = {**part, "status": lifecycle.AWAITING_CLIENT}
+    message.content = content
+    render.render(message)
+    session.status = "waitingfortoolresults"
+    specs = [_call_requested(message, [part]) for _, part in found]
+    return await _commit(db, session, now, message, specs)
 
 
 async def append_action(
@@ -459,6 +568,16 @@ async def close_message(
     checkpoint."""
     now = utcnow()
     _touch(message, now)
+    _cancel_pending_interactions(
+        message,
+        now,
+        "runtime_interrupted"
+        if error is not None and error[0] == "interrupted"
+        else "turn_stopped",
+    )
+    failed = _fail_unfinished_tools(
+        message, error[1] if error else "The turn ended before the tool completed"
+    )
     if partial:
         message.content = [
             *message.content,
@@ -476,7 +595,48 @@ async def close_message(
         ]
     message.state = "done"
     spec = _completed(message, error_code=error[0] if error else None)
-    return await _commit(db, session, now, message, [spec, *then])
+    return await _commit(db, session, now, message, [*failed, spec, *then])
+
+
+def _cancel_pending_interactions(
+    message: MessageRow, now: datetime, reason: str
+) -> None:
+    """A message closes with no interaction pending: each is `cancelled` with the
+    seed's `cancel_reason` (`turn_stopped`, or `runtime_interrupted` by recovery)."""
+    message.content = [
+        {
+            **part,
+            "status": "cancelled",
+            "cancel_reason": reason,
+            "resolved_at": wire.timestamp(now),
+        }
+        if part.get("type") == "interaction" and part.get("status") == "pending"
+        else part
+        for part in message.content
+    ]
+
+
+def _fail_unfinished_tools(message: MessageRow, reason: str) -> list[EventSpec]:
+    """A message closes with every tool finished: one still ready, awaiting approval or
+    a client, or running, fails with `reason` (its tool_result carries it). Returns
+    their `tool.completed` events."""
+    content = [dict(p) for p in message.content]
+    specs: list[EventSpec] = []
+    for index, part in enumerate(message.content):
+        if part.get("type") != "tool_call" or (
+            lifecycle.current(part.get("status")) in lifecycle.TERMINAL
+        ):
+            continue
+        content[index] = {**part, "status": lifecycle.FAILED}
+        step_id = part.get("step_id")
+        content.extend(
+            number_parts(
+                "agent", content, [_tool_result(part["id"], None, reason)], step_id
+            )
+        )
+        specs.append(_tool_completed(message, part, lifecycle.FAILED, error=reason))
+    message.content = content
+    return specs
 
 
 async def finish_turn(

@@ -189,9 +189,21 @@ class ToolCallPart(PartBase):
     name: str
     arguments: Any
     native: NativeToolCall | None = None
-    status: Literal["requested", "running", "completed", "failed"] | None = Field(
+    status: (
+        Literal[
+            "ready",
+            "awaiting_approval",
+            "awaiting_client",
+            "running",
+            "completed",
+            "failed",
+        ]
+        | None
+    ) = Field(
         default=None,
-        description="The tool's state; transitions update this part in place.",
+        description='The tool\'s state (README, "Tool life cycle"): ready -> '
+        "awaiting_approval | awaiting_client -> running -> completed | failed; "
+        "transitions update this part in place.",
     )
 
 
@@ -227,10 +239,18 @@ class InteractionPart(PartBase):
     type: Literal["interaction"]
     interaction_id: str
     kind: str
-    status: str
+    interaction_type: str | None = Field(
+        default=None, description="`approval`: a tool waits for a decision."
+    )
+    status: str = Field(description="pending, approved, denied or cancelled.")
     tool_call_id: str | None = None
     prompt: str | None = None
+    request: Any = None
     response: Any = None
+    resolved_at: str | None = None
+    cancel_reason: str | None = Field(
+        default=None, description="turn_stopped or runtime_interrupted."
+    )
 
 
 class ActionPart(PartBase):

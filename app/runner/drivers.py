@@ -148,10 +148,47 @@ def latest_user_text(messages: list[dict[str, Any]]) -> str:
     return ""
 
 
+CALL_ARGS = re.compile(r"^([A-Za-z0-9_-]{1,64})(?:\s+(.*))?$", re.DOTALL)
+
+
+def call_request(args: str) -> tuple[str, dict[str, Any]] | str:
+    """`/scenario call <tool_name> [json object]`: the tool and its arguments, or why
+    the request cannot be made."""
+    match = CALL_ARGS.match(args)
+    if match is None:
+        return "Usage: /scenario call <tool_name> <json arguments>"
+    try:
+        arguments = json.loads(match.group(2) or "{}")
+    except ValueError:
+        return "The arguments of /scenario call must be a JSON object."
+    if not isinstance(arguments, dict):
+        return "The arguments of /scenario call must be a JSON object."
+    return match.group(1), arguments
+
+
+def call_id(messages: list[dict[str, Any]], name: str) -> str:
+    """A tool call id unique to the user message that asked for the call (client-side
+    results are posted by it), stable across a resumed turn."""
+    for message in reversed(messages):
+        if message["role"] == "user":
+            return f"call_{name}_{message['id'].rpartition('_')[2][:12]}"
+    return f"call_{name}_1"
+
+
+def tool_outcome(name: str, results: list[dict[str, Any]]) -> str:
+    """What the scripted model says a tool returned."""
+    if not results:
+        return f"The {name} tool returned nothing."
+    first = results[0]
+    if first.get("error") is not None:
+        return f"The {name} tool failed: {first['error']}"
+    return f"The {name} tool returned {json.dumps(first.get('result'))}."
+
+
 class ScriptedDriver:
     """Offline and deterministic. `/scenario NAME [args]` picks a scenario; any other
-    text is echoed back word by word. Scenarios: echo, tool, reasoning, citations, fail,
-    long N."""
+    text is echoed back word by word. Scenarios: echo, tool, call NAME JSON,
+    reasoning, citations, fail, long N."""
 
     name = "scripted"
 
@@ -204,6 +241,26 @@ class ScriptedDriver:
                     else "nothing"
                 )
                 async for event in self._words(f"The lookup returned {result}."):
+                    yield event
+                yield StepFinish()
+        elif scenario == "call":
+            request = call_request(args)
+            if isinstance(request, str):
+                async for event in self._words(request):
+                    yield event
+                yield StepFinish()
+            elif turn.iteration == 1:
+                name, arguments = request
+                async for event in self._words(f"Calling {name}."):
+                    yield event
+                yield ToolCall(
+                    id=call_id(turn.messages, name), name=name, arguments=arguments
+                )
+                yield StepFinish(phase="commentary")
+            else:
+                async for event in self._words(
+                    tool_outcome(request[0], turn.tool_results)
+                ):
                     yield event
                 yield StepFinish()
         elif scenario == "reasoning":

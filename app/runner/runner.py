@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import insert, or_, select
+from sqlalchemy import func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from app import wire
@@ -66,6 +66,8 @@ from app.runner.drivers import (
 )
 from app.sessions import service as sessions_service
 from app.settings import Settings
+from app.tools import lifecycle
+from app.tools.schemas import is_client_side, needs_approval
 
 log = logging.getLogger("app.runner")
 
@@ -74,6 +76,8 @@ T = TypeVar("T")
 HISTORY_FOR_MODEL = 50
 # The step cap of a session created without `max_iterations`.
 DEFAULT_MAX_ITERATIONS = 20
+# Upstream's session status while a turn waits for client-side tool results.
+WAITING = "waitingfortoolresults"
 
 
 class TurnCancelled(Exception):
@@ -97,6 +101,8 @@ class TurnProgress:
     tool_count: int = 0
     consumed: int = 0
     message: MessageRow | None = None
+    # The results of the previous step's tool calls, for the next step.
+    tool_results: list[dict[str, Any]] = field(default_factory=list)
     # Token usage of each committed step, by step number (set again, never added, so a
     # retried checkpoint counts once).
     step_usage: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -225,8 +231,11 @@ class LiveStep:
                 part["text"] = {"kind": "plain", "text": part["text"]}
             elif part["type"] == "tool_call":
                 part.pop("input_text", None)
-                if part.get("status") in (None, "input_streaming", "requested"):
-                    part["status"] = "failed"
+                if lifecycle.current(part.get("status")) in (
+                    lifecycle.INPUT_STREAMING,
+                    lifecycle.READY,
+                ):
+                    part["status"] = lifecycle.FAILED
                     part.setdefault("error", "The turn ended before this tool ran")
                     part.setdefault("arguments", {})
             parts.append(part)
@@ -432,19 +441,38 @@ class TurnRunner:
                 self.kick(session_id)
 
     async def _active_turn(self, session_id: uuid.UUID) -> tuple[uuid.UUID | None, int]:
-        """The session's running turn, and its step cap."""
+        """The session's running turn, and its step cap. A turn waiting for client tool
+        results has no runner until they arrive (or a cancel is requested)."""
         async with self.database.statements() as conn:
             row = (
                 await conn.execute(
                     select(
-                        models.Session.active_turn_id, models.Session.attributes
+                        models.Session.active_turn_id,
+                        models.Session.attributes,
+                        models.Session.status,
+                        models.Session.cancel_requested_at,
                     ).where(models.Session.id == session_id)
                 )
             ).one_or_none()
         if row is None:
             return None, DEFAULT_MAX_ITERATIONS
         cap = row.attributes.get("max_iterations") or DEFAULT_MAX_ITERATIONS
+        if row.status == WAITING and row.cancel_requested_at is None:
+            return None, int(cap)
         return row.active_turn_id, int(cap)
+
+    async def _session_tools(
+        self, session_id: uuid.UUID
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """The session's tool definitions as they are now (a PATCH takes effect at the
+        next step), and whether tools that require approval ask for it."""
+        async with self.database.statements() as conn:
+            attributes = await conn.scalar(
+                select(models.Session.attributes).where(models.Session.id == session_id)
+            )
+        attributes = attributes or {}
+        ask = attributes.get("approval_mode") != "always-allow"
+        return list(attributes.get("tools") or []), ask
 
     # ---- owning the turn: fenced checkpoints -----------------------------------------
 
@@ -745,11 +773,22 @@ class TurnRunner:
         logs.TURN_ID.set(format_id("turn", turn_id))
         watch = self.watches[session_id] = asyncio.Event()
         turn = TurnProgress(session_id, turn_id, time.monotonic())
-        tool_results: list[dict[str, Any]] = []
         # How the turn ended here, for its log line (left to recovery unless set).
         outcome = "interrupted"
         try:
             await self._resume(turn)
+            if turn.message is not None and turn.iteration >= max_iterations:
+                # Resumed at the step cap (client results arrived for its last step,
+                # or its runner stopped between the cap's tools and its close). Input
+                # its steps saw is answered; newer input gets a turn of its own.
+                turn.consumed = await self._retrying(
+                    functools.partial(self._seen_input, turn)
+                )
+                await self._checkpoint(
+                    session_id, turn_id, functools.partial(self._write_cap, turn)
+                )
+                outcome = "completed"
+                return outcome
             while True:
                 turn.iteration += 1
                 context = await self._retrying(
@@ -783,7 +822,7 @@ class TurnRunner:
                         Turn(
                             context.messages,
                             turn.iteration,
-                            tool_results,
+                            turn.tool_results,
                             context.model_input,
                             context.tools,
                             context.model,
@@ -807,10 +846,35 @@ class TurnRunner:
                 if turn.message.state == "done":
                     outcome = "completed"
                     return outcome
-                tool_results = []
+                turn.tool_results = []
+                tools, ask = await self._retrying(
+                    functools.partial(self._session_tools, session_id)
+                )
+                client_calls: list[ToolCall] = []
                 for call in tool_calls:
                     turn.tool_count += 1
-                    tool_results.append(await self._run_tool(turn, call))
+                    if is_client_side(tools, call.name):
+                        client_calls.append(call)
+                    elif ask and needs_approval(tools, call.name):
+                        turn.tool_results.append(
+                            await self._run_approved(turn, call, watch)
+                        )
+                    else:
+                        turn.tool_results.append(await self._run_tool(turn, call))
+                if client_calls:
+                    # The wait is durable: this runner lets the session go, and the
+                    # results (posted to any process) kick a runner to go on.
+                    turn.message = await self._checkpoint(
+                        session_id,
+                        turn_id,
+                        functools.partial(
+                            self._write_client_request,
+                            turn,
+                            [c.id for c in client_calls],
+                        ),
+                    )
+                    outcome = "waiting"
+                    return outcome
                 if last:
                     # The cap came with tool calls: their results are stored, and no
                     # further step runs.
@@ -906,8 +970,42 @@ class TurnRunner:
         if message is None:
             return
         turn.message = message
-        turn.iteration = len({p["step_id"] for p in message.content if "step_id" in p})
-        log.info("turn resumed after step %d, taken over", turn.iteration)
+        steps = [p["step_id"] for p in message.content if "step_id" in p]
+        turn.iteration = len(set(steps))
+        turn.tool_count = sum(p["type"] == "tool_call" for p in message.content)
+        # What the last committed step's tools returned (client results, or built-in
+        # tools run before a hand-over), as the next step would have seen it.
+        last_step = steps[-1] if steps else None
+        turn.tool_results = [
+            {
+                "tool_call_id": p["tool_call_id"],
+                "result": p.get("result"),
+                "error": p.get("error"),
+            }
+            for p in message.content
+            if p["type"] == "tool_result" and p.get("step_id") == last_step
+        ]
+        log.info("turn resumed after step %d", turn.iteration)
+
+    async def _seen_input(self, turn: TurnProgress) -> int:
+        """The newest user message the turn's last step saw, for a turn resumed
+        without running another: what arrived while it waited for client tool results
+        (after its `tool.call_requested`) it did not see."""
+        async with self.database.statements() as conn:
+            waited = await conn.scalar(
+                select(func.max(models.Event.sequence)).where(
+                    models.Event.session_id == turn.session_id,
+                    models.Event.turn_id == turn.turn_id,
+                    models.Event.type == "tool.call_requested",
+                )
+            )
+            seen = select(func.max(models.Message.sequence)).where(
+                models.Message.session_id == turn.session_id,
+                models.Message.role == "user",
+            )
+            if waited is not None:
+                seen = seen.where(models.Message.sequence < waited)
+            return int(await conn.scalar(seen) or 0)
 
     async def _write_open(
         self, turn: TurnProgress, db: Write, session: LockedSession
@@ -1104,7 +1202,7 @@ class TurnRunner:
                             "id": event.id,
                             "name": event.name,
                             "arguments": {},
-                            "status": "input_streaming",
+                            "status": lifecycle.INPUT_STREAMING,
                             "input_text": "",
                         }
                     )
@@ -1126,7 +1224,9 @@ class TurnRunner:
                         "id": event.id,
                         "name": event.name,
                         "arguments": event.arguments,
-                        "status": "requested" if event.error is None else "failed",
+                        "status": lifecycle.READY
+                        if event.error is None
+                        else lifecycle.FAILED,
                     }
                     if event.error is not None:
                         complete["error"] = event.error
@@ -1208,14 +1308,99 @@ class TurnRunner:
             step.delta(part_id, offset, text, event_type, tool_call_id),
         )
 
-    async def _run_tool(self, turn: TurnProgress, call: ToolCall) -> dict[str, Any]:
-        """Run one tool call between its two checkpoints (`running`, then its outcome);
-        returns the result for the model."""
+    async def _run_approved(
+        self, turn: TurnProgress, call: ToolCall, watch: asyncio.Event
+    ) -> dict[str, Any]:
+        """A tool that requires approval: it moves to `awaiting_approval` with a pending
+        `interaction` part (one checkpoint), and the runner waits, holding the turn,
+        until `POST .../interactions/{id}` decides (it commits the interaction and the
+        tool's move to `running` or `failed` together) or the turn is cancelled. The
+        wait is not durable: recovery cancels the interaction (`runtime_interrupted`)."""
+        interaction_id = format_id("interaction", uuid7())
+        request = {
+            "tool_call": {"id": call.id, "name": call.name, "arguments": call.arguments}
+        }
+        interaction = {
+            "interaction_id": interaction_id,
+            "interaction_type": "approval",
+            "kind": "approval",
+            "status": "pending",
+            "prompt": f"Run {call.name}?",
+            "request": request,
+        }
         turn.message = await self._checkpoint(
             turn.session_id,
             turn.turn_id,
-            functools.partial(self._write_tool, turn, call.id, "running"),
+            functools.partial(
+                self._write_tool,
+                turn,
+                call.id,
+                lifecycle.AWAITING_APPROVAL,
+                interaction=interaction,
+            ),
         )
+        assert turn.message is not None
+        message_id = turn.message.id
+        while True:
+            watch.clear()
+            if await self._retrying(
+                functools.partial(self._cancel_requested, turn.session_id)
+            ):
+                raise TurnCancelled
+            status = await self._retrying(
+                functools.partial(self._tool_status, message_id, call.id)
+            )
+            if status != lifecycle.AWAITING_APPROVAL:
+                break
+            # Every checkpoint of the session wakes `watch` (the decision's too, on
+            # any process); the timeout is a fallback.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(watch.wait(), 1.0)
+        # The decision wrote the message: go on from what it stored.
+        stored = await self._retrying(functools.partial(self._read_message, message_id))
+        part = next(
+            p for p in stored.content if p["type"] == "tool_call" and p["id"] == call.id
+        )
+        turn.message = stored
+        if part["status"] == lifecycle.RUNNING:
+            return await self._run_tool(turn, call, started=True)
+        denied = next(
+            (
+                p
+                for p in stored.content
+                if p["type"] == "tool_result" and p.get("tool_call_id") == call.id
+            ),
+            {},
+        )
+        return {"tool_call_id": call.id, "result": None, "error": denied.get("error")}
+
+    async def _tool_status(
+        self, message_id: uuid.UUID, tool_call_id: str
+    ) -> str | None:
+        async with self.database.statements() as conn:
+            content = await conn.scalar(
+                select(models.Message.content).where(models.Message.id == message_id)
+            )
+        for part in content or ():
+            if part.get("type") == "tool_call" and part.get("id") == tool_call_id:
+                return str(part.get("status"))
+        return None
+
+    async def _read_message(self, message_id: uuid.UUID) -> MessageRow:
+        async with self.database.write() as db:
+            return await checkpoint.get_message_for_update(db, message_id)
+
+    async def _run_tool(
+        self, turn: TurnProgress, call: ToolCall, *, started: bool = False
+    ) -> dict[str, Any]:
+        """Run one tool call between its two checkpoints (`running`, unless an approval
+        `started` it, then its outcome); returns the result for the model."""
+        if not started:
+            turn.message = await self._checkpoint(
+                turn.session_id,
+                turn.turn_id,
+                functools.partial(self._write_tool, turn, call.id, "running"),
+            )
         began = time.monotonic()
         try:
             result, error, status = (
@@ -1253,6 +1438,23 @@ class TurnRunner:
         message = copy.copy(turn.message)
         await checkpoint.tool_transition(
             db, session, message, tool_call_id=tool_call_id, status=status, **outcome
+        )
+        return message
+
+    async def _write_client_request(
+        self,
+        turn: TurnProgress,
+        tool_call_ids: list[str],
+        db: Write,
+        session: LockedSession,
+    ) -> MessageRow | None:
+        """Client-side tools: their parts move to `awaiting_client`, the calls are
+        `tool.call_requested` events and the session waits for tool results, in one
+        checkpoint."""
+        assert turn.message is not None
+        message = copy.copy(turn.message)
+        await checkpoint.request_client_tools(
+            db, session, message, tool_call_ids=tool_call_ids
         )
         return message
 
@@ -1317,6 +1519,12 @@ class TurnRunner:
                     await db.scalars(
                         select(models.Session.id).where(
                             models.Session.active_turn_id.is_not(None),
+                            # A turn waiting for client tool results has no runner
+                            # to lose: it waits durably (a cancel kicks a runner).
+                            or_(
+                                models.Session.status != WAITING,
+                                models.Session.cancel_requested_at.is_not(None),
+                            ),
                             models.Session.last_activity_at <= cutoff,
                             or_(
                                 models.Session.runner_renewed_at.is_(None),
@@ -1345,6 +1553,8 @@ class TurnRunner:
         async with self.database.write() as db:
             session = await sessions_service.lock_session(db, session_id)
             if session is None or session.active_turn_id is None:
+                return []
+            if session.status == WAITING and not session.cancel_requested:
                 return []
             session.runner_epoch += 1
             turn_id = session.active_turn_id

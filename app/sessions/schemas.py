@@ -1,8 +1,9 @@
 """Session wire shapes (upstream's `WithUrls<Session>`, `PaginatedResponse`) and requests."""
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from app.schemas import (
     FREE_JSON_NOTE,
@@ -15,8 +16,29 @@ from app.schemas import (
     Tags,
     Title,
 )
+from app.tools.schemas import Tools
+
+
+def _json_integer(cls: Any, value: Any) -> Any:
+    """A JSON Schema integer: `3` or `3.0`, never `true` or `"3"` (which pydantic's
+    lax mode would read as 1 and 3)."""
+    if value is None:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PydanticCustomError("int_type", "must be an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise PydanticCustomError("int_type", "must be an integer")
+        return int(value)
+    return value
+
 
 SessionStatus = Literal["started", "active", "idle", "waitingfortoolresults"]
+ApprovalMode = Literal["ask", "always-allow"]
+APPROVAL_MODE_NOTE = (
+    "`ask` (the default): a tool whose policy is `requires_approval` waits for a "
+    "decision (`POST .../interactions/{id}`); `always-allow` runs it without asking."
+)
 
 
 # Strings and numbers also pass app/schemas.check_value; goal and system_prompt are
@@ -40,12 +62,31 @@ class SessionCreate(InputSchema):
     max_iterations: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
     source: Literal["chat", "api"] | None = None
 
+    _integer = field_validator("max_iterations", mode="before")(_json_integer)
+
+    tools: Tools | None = Field(
+        default=None,
+        description="Tools the model may call: `client_side` ones are run by the "
+        "client (the turn waits for `POST .../tool-results`), `builtin` ones here.",
+    )
+    approval_mode: ApprovalMode | None = Field(
+        default=None, description=APPROVAL_MODE_NOTE
+    )
+
 
 class SessionUpdate(InputSchema):
     title: Title | None = None
     tags: Tags | None = None
     goal: str | None = Field(default=None, description=LONG_TEXT_NOTE)
     locale: Label | None = None
+    tools: Tools | None = Field(
+        default=None,
+        description="Replaces the session's tools (`[]` removes them all); the "
+        "running turn sees the change at its next step.",
+    )
+    approval_mode: ApprovalMode | None = Field(
+        default=None, description=APPROVAL_MODE_NOTE
+    )
 
 
 class TokenUsage(Schema):
@@ -76,6 +117,8 @@ class Session(Schema):
         default=None,
         description="Cumulative token usage of every model call in this session.",
     )
+    tools: list[dict[str, Any]] | None = None
+    approval_mode: ApprovalMode | None = None
     self_url: str
     view_url: str
     ui_link: str

@@ -28,6 +28,8 @@ ATTRIBUTE_FIELDS = (
     "metadata",
     "max_iterations",
     "source",
+    "tools",
+    "approval_mode",
 )
 # Upstream's SessionActivity filter values, mapped onto our status.
 STATUS_FILTERS = {
@@ -78,6 +80,9 @@ async def create_session(
 ) -> models.Session:
     now = utcnow()
     fields = data.model_dump(exclude_unset=True, exclude_none=True)
+    if data.tools is not None:
+        # Whole definitions, defaults included (`type` is `client_side` unless sent).
+        fields["tools"] = [tool.model_dump(exclude_none=True) for tool in data.tools]
     values: dict[str, Any] = {
         "id": uuid7(),
         "organization_id": organization_id,
@@ -215,12 +220,16 @@ async def update_session(
         raise session_not_found(session_id)
     session = models.Session(**row)
     changes = data.model_dump(exclude_unset=True)
+    if "tools" in changes and changes["tools"] is not None:
+        changes["tools"] = [
+            tool.model_dump(exclude_none=True) for tool in data.tools or []
+        ]
     if "title" in changes:
         session.title = changes["title"]
     if "tags" in changes:
         session.tags = changes["tags"] or []
     attributes = dict(session.attributes)
-    for key in ("goal", "locale"):
+    for key in ("goal", "locale", "tools", "approval_mode"):
         if key in changes:
             attributes[key] = changes[key]
     session.attributes = attributes
@@ -274,7 +283,9 @@ async def record_usage(
 
 
 async def count_running_turns(db: Write, *, organization_id: uuid.UUID) -> int:
-    """How many of the organization's sessions run a turn, on any process."""
+    """How many of the organization's sessions run a turn, on any process. A turn
+    waiting for client tool results runs nowhere: it holds no place (when its results
+    arrive it goes on without being admitted again)."""
     conn = await db.core()
     count = await conn.scalar(
         select(func.count())
@@ -282,6 +293,7 @@ async def count_running_turns(db: Write, *, organization_id: uuid.UUID) -> int:
         .where(
             models.Session.organization_id == organization_id,
             models.Session.active_turn_id.is_not(None),
+            models.Session.status != "waitingfortoolresults",
         )
     )
     return int(count or 0)
@@ -318,4 +330,8 @@ async def cancel_turn(
     if not session.cancel_requested:
         await db.request_cancel(session.id, utcnow())
         db.outbox.wake(session.id, session.last_sequence)
+    if session.status == "waitingfortoolresults":
+        # No runner holds a turn that waits for client tool results: start one here
+        # to end it.
+        db.outbox.kick(session.id)
     return True

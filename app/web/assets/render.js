@@ -114,7 +114,7 @@ function toolResultBody(result) {
 }
 
 function toolCallPart(part, result) {
-  const status = String(part.status ?? (result ? (result.error ? "failed" : "completed") : "requested"));
+  const status = String(part.status ?? (result ? (result.error ? "failed" : "completed") : "ready"));
   return [
     el(
       "div",

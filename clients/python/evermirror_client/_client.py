@@ -346,6 +346,37 @@ class Session:
         )
         return answer
 
+    async def submit_tool_results(
+        self, results: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """`POST .../tool-results`: results of client-side tool calls
+        (`[{tool_call_id, result?, error?}]`); `{"accepted", "status"}`."""
+        answer: dict[str, Any] = await self.client.request(
+            "POST", self._path("/tool-results"), body={"tool_results": results}
+        )
+        return answer
+
+    async def interactions(self, status: str | None = None) -> list[dict[str, Any]]:
+        """`GET .../interactions`: the session's approvals, oldest first."""
+        query = {"status": status} if status is not None else None
+        page: dict[str, Any] = await self.client.request(
+            "GET", self._path("/interactions"), query=query
+        )
+        items: list[dict[str, Any]] = page["data"]
+        return items
+
+    async def respond(
+        self, interaction_id: str, decision: str, reason: str | None = None
+    ) -> dict[str, Any]:
+        """`POST .../interactions/{id}`: approve or deny a pending approval."""
+        body: dict[str, Any] = {"decision": decision}
+        if reason is not None:
+            body["reason"] = reason
+        answer: dict[str, Any] = await self.client.request(
+            "POST", self._path(f"/interactions/{interaction_id}"), body=body
+        )
+        return answer
+
     def subscribe(
         self, *, after: str | int | None = None, include_internal: bool = False
     ) -> "Subscription":

@@ -1,0 +1,1 @@
+"""Interactions: approvals a tool waits for, listed and resolved over HTTP."""
