@@ -249,8 +249,12 @@ def routes(tenants: Tenants, sid: str) -> list[Route]:
     )
 
 
+# An interaction id of the right shape: foreign or not, it must not be found.
+INTERACTION = "interaction_" + "0" * 32
+
+
 def route_walk(
-    sid: str, *, mid: str, last_mid: str, eid: str, cmid: str
+    sid: str, *, mid: str, last_mid: str, eid: str, cmid: str, iid: str = INTERACTION
 ) -> list[Route]:
     base = f"/sessions/{sid}"
     return [
@@ -331,6 +335,23 @@ def route_walk(
             None,
             {"Last-Event-ID": "0"},
         ),
+        (
+            "submit_tool_results",
+            "POST",
+            f"{base}/tool-results",
+            {"tool_results": [{"tool_call_id": "call_1", "result": "from a"}]},
+            None,
+            {},
+        ),
+        ("list_interactions", "GET", f"{base}/interactions", None, None, {}),
+        (
+            "resolve_interaction",
+            "POST",
+            f"{base}/interactions/{iid}",
+            {"decision": "approve"},
+            None,
+            {},
+        ),
     ]
 
 
@@ -354,6 +375,9 @@ ROUTE_NAMES = [
     "stream_messages",
     "stream_messages_replay",
     "stream_messages_last_event_id",
+    "submit_tool_results",
+    "list_interactions",
+    "resolve_interaction",
 ]
 
 
@@ -373,6 +397,7 @@ def test_the_walk_covers_every_session_route() -> None:
         last_mid="{message_id}",
         eid="event_" + "0" * 32,
         cmid="c",
+        iid="{interaction_id}",
     )
     walked = {(method, "/v1" + path) for _, method, path, *_ in walk}
     assert served == walked

@@ -518,3 +518,42 @@ async def test_mutation_stream_hides_internal_messages_unless_asked(
     visible = await list_messages(api, sid)
     assert internal_id not in {m["id"] for m in visible["data"]}
     assert message_ids(plain_frames) == {m["id"] for m in visible["data"]}
+
+
+async def test_mutation_stream_says_when_the_session_waits_for_a_tool_result(
+    api: httpx.AsyncClient,
+) -> None:
+    weather = {
+        "type": "client_side",
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object"},
+    }
+    created = await api.post("/v1/sessions", json={"tools": [weather]})
+    assert created.status_code == 201, created.text
+    sid = created.json()["id"]
+
+    def is_waiting(frame: Frame) -> bool:
+        return frame.event == "session" and (
+            frame.json().get("status") == "waitingfortoolresults"
+        )
+
+    async with open_stream(api, f"/v1/sessions/{sid}/messages/stream") as stream:
+        await post_message(api, sid, '/scenario call get_weather {"city": "Kyiv"}')
+        await stream.until(is_waiting, 20)
+        agent = (await list_messages(api, sid))["data"][-1]
+        call = next(p for p in agent["content"] if p["type"] == "tool_call")
+        assert call["status"] == "awaiting_client"
+        answered = await api.post(
+            f"/v1/sessions/{sid}/tool-results",
+            json={"tool_results": [{"tool_call_id": call["id"], "result": "sunny"}]},
+        )
+        assert answered.status_code == 200, answered.text
+        await stream.until(is_idle_session, 20)
+        seen = events(stream.frames)
+    statuses = [f.json()["status"] for f in seen if f.event == "session"]
+    assert statuses == ["active", "waitingfortoolresults", "active", "idle"]
+    assert [f.json()["status"] for f in seen if f.event == "turn"] == [
+        "running",
+        "completed",
+    ]

@@ -267,7 +267,7 @@ async def test_an_invalid_trusted_proxy_setting_is_refused(settings: Settings) -
         check=False,
     )
     assert result.returncode != 0
-    assert "trusted_proxies" in result.stderr
+    assert "TRUSTED_PROXIES" in result.stderr
 
 
 # ---- across processes ------------------------------------------------------------------

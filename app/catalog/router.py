@@ -11,7 +11,7 @@ router = APIRouter(tags=["models"])
 
 
 @router.get(
-    "/models", response_model=schemas.ModelList, responses=problem_responses(401)
+    "/models", response_model=schemas.ModelList, responses=problem_responses(400, 401)
 )
 async def list_models(_org: OrgId, state: StateDep) -> Response:
     """The models the operator configured, the default first. A session's `model_id`

@@ -112,8 +112,12 @@ SESSION_CHANGES: dict[str, tuple[str, str | None]] = {
     "session.idled": ("status", "idle"),
     "session.title.updated": ("title", None),
     "session.model.changed": ("model_id", None),
+    # A client-side tool call: the session waits for its result.
+    "tool.call_requested": ("status", "waitingfortoolresults"),
 }
-EVENT_MUTATIONS = frozenset(TURN_STATUS) | frozenset(SESSION_CHANGES)
+# A client's tool result that let the turn go on says so (`session_status: active`).
+TOOL_RESULT = "tool.completed"
+EVENT_MUTATIONS = frozenset(TURN_STATUS) | frozenset(SESSION_CHANGES) | {TOOL_RESULT}
 
 
 def _head(mutation_id: str, session_id: uuid.UUID, created_at: str) -> bytes:
@@ -195,8 +199,13 @@ def event_mutation(session_id: uuid.UUID, event_type: str, body: str) -> bytes |
         return frame(
             "turn", head + b"," + wire.dumps({"turn_id": turn_id, "status": status})[1:]
         )
-    field, value = SESSION_CHANGES[event_type]
-    change = {field: data.get(field) if value is None else value}
+    if event_type == TOOL_RESULT:
+        if data.get("session_status") != "active":
+            return None
+        change = {"status": "active"}
+    else:
+        field, value = SESSION_CHANGES[event_type]
+        change = {field: data.get(field) if value is None else value}
     head = _head(event["id"], session_id, event["ts"])
     return frame("session", head + b"," + wire.dumps(change)[1:])
 

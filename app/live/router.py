@@ -102,15 +102,31 @@ UPSTREAM_SSE_RESPONSES = _sse_responses(
     ],
     {"type": "string", "pattern": "^event_[0-9a-f]{32}$"},
 )
+# What every Mutation's data starts with (message, part, delta, turn, session, warning).
+MUTATION_FIELDS: dict[str, dict[str, Any]] = {
+    "mutation_id": {
+        "type": "string",
+        "description": "The same change always has the same id: drop a frame whose "
+        "id you already applied",
+    },
+    "session_id": STR,
+    "created_at": {"type": "string", "description": "RFC 3339, milliseconds"},
+}
+
+
+def _mutation(required: list[str], **properties: dict[str, Any]) -> dict[str, Any]:
+    return _object([*MUTATION_FIELDS, *required], **MUTATION_FIELDS, **properties)
+
+
 MUTATION_SSE_RESPONSES = _sse_responses(
     "The Mutation stream: a `retry:` line first, `message` snapshots (`id:` = cursor), "
     "`part` and `delta` of the live projection (`offset` in UTF-16 code units), "
-    "`warning` (a model request retried), `reset`, `disconnecting` before every close the server decides; `: ping` comments",
+    "`turn` and `session` changes, `warning` (a model request retried), `reset`, `disconnecting` before every close the server decides; `: ping` comments",
     [
-        _frame({"const": "message"}, _object(["message"], message=MESSAGE_REF)),
+        _frame({"const": "message"}, _mutation(["message"], message=MESSAGE_REF)),
         _frame(
             {"const": "part"},
-            _object(
+            _mutation(
                 ["message_id", "revision", "part"],
                 message_id=STR,
                 revision=INT,
@@ -119,7 +135,7 @@ MUTATION_SSE_RESPONSES = _sse_responses(
         ),
         _frame(
             {"const": "delta"},
-            _object(
+            _mutation(
                 ["message_id", "revision", "part_id", "offset", "text", "kind"],
                 message_id=STR,
                 revision=INT,
@@ -140,7 +156,7 @@ MUTATION_SSE_RESPONSES = _sse_responses(
         ),
         _frame(
             {"const": "warning"},
-            _object(
+            _mutation(
                 ["kind", "attempt", "max_attempts", "code", "will_retry"],
                 kind={"const": "model_retry"},
                 attempt=INT,
@@ -155,10 +171,35 @@ MUTATION_SSE_RESPONSES = _sse_responses(
                 retry_in_ms=INT,
                 turn_id=STR,
                 message_id=STR,
-                mutation_id=STR,
-                session_id=STR,
-                created_at=STR,
             ),
+        ),
+        _frame(
+            {"const": "turn"},
+            _mutation(
+                ["turn_id", "status"],
+                turn_id=STR,
+                status={
+                    "type": "string",
+                    "enum": ["running", "completed", "failed", "cancelled"],
+                },
+            ),
+        ),
+        _frame(
+            {"const": "session"},
+            {
+                **_mutation(
+                    [],
+                    status={
+                        "type": "string",
+                        "enum": ["started", "active", "idle", "waitingfortoolresults"],
+                    },
+                    title={"type": ["string", "null"]},
+                    model_id={"type": ["string", "null"]},
+                ),
+                "description": "The session field that changed: `status`, `title` "
+                "or `model_id`",
+                "minProperties": len(MUTATION_FIELDS) + 1,
+            },
         ),
         _frame({"const": "reset"}, _object(["reason"], reason=STR)),
         _frame({"const": "disconnecting"}, DISCONNECTING_FRAME),
