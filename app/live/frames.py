@@ -199,6 +199,7 @@ def event_mutation(session_id: uuid.UUID, event_type: str, body: str) -> bytes |
         return frame(
             "turn", head + b"," + wire.dumps({"turn_id": turn_id, "status": status})[1:]
         )
+    change: dict[str, Any]
     if event_type == TOOL_RESULT:
         if data.get("session_status") != "active":
             return None
