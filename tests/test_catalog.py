@@ -11,8 +11,14 @@ import pytest
 
 from app.catalog.registry import ConfigError, derived_id, load_catalog
 from app.settings import Settings
-from tests.conftest import running_app, test_settings as make_settings
-from tests.helpers import assert_problem, run_cli, table_rows, text_body
+from tests.conftest import (
+    free_port,
+    running_app,
+    start_server,
+    test_settings as make_settings,
+)
+from tests.fake_openai import FakeOpenAI
+from tests.helpers import assert_problem, run_cli, table_rows, text_body, text_of
 
 SCRIPTED = derived_id("scripted", "scripted")
 OTHER = "model_" + "a" * 32
@@ -141,3 +147,65 @@ async def test_the_server_refuses_to_start_with_a_bad_models_file_in_one_line(
     assert result.stderr.startswith("invalid configuration: MODELS_FILE (")
     assert "cannot be read" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+async def test_a_catalog_entry_runs_on_its_own_driver(
+    database_url: str, tmp_path: Path
+) -> None:
+    """MODEL_DRIVER=scripted with an `openai` entry in the catalog: a message that
+    selects the entry is answered by that provider, under the entry's provider model
+    name; the others stay with the scripted model."""
+    fake = FakeOpenAI(free_port()).start()
+    path = models_file(
+        tmp_path,
+        {
+            "models": [
+                {"id": OTHER, "name": "offline", "driver": "scripted"},
+                {
+                    "id": LARGE,
+                    "name": "large",
+                    "driver": "openai",
+                    "provider_model": "fake-large-2026",
+                },
+            ]
+        },
+    )
+    server = start_server(
+        database_url,
+        tmp_path,
+        MODEL_DRIVER="scripted",
+        OPENAI_BASE_URL=fake.base_url,
+        MODELS_FILE=path,
+    )
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as api:
+            created = await api.post("/v1/sessions", json={})
+            sid = created.json()["id"]
+            url = f"/v1/sessions/{sid}/messages"
+            chosen = {**text_body("hi there"), "controls": {"model_id": LARGE}}
+            answered = await api.post(url, params={"wait": "true"}, json=chosen)
+            assert answered.status_code == 200, answered.text
+            [reply] = answered.json()["messages"]
+            assert text_of(reply) == "Hello from the fake model."
+            assert [r.body["model"] for r in fake.for_text("hi there")] == [
+                "fake-large-2026"
+            ]
+            events = (await api.get(f"/v1/sessions/{sid}/events")).json()["data"]
+            opened = [e for e in events if e["type"] == "output.message.started"]
+            assert opened[0]["data"]["model"] == "fake-large-2026"
+            # Without controls, the session's default (the first entry): scripted.
+            echoed = await api.post(
+                url, params={"wait": "true"}, json=text_body("echo me")
+            )
+            assert text_of(echoed.json()["messages"][-1]) == "echo me"
+            assert fake.for_text("echo me") == []
+    finally:
+        server.stop()
+        fake.stop()
+
+
+def test_an_openai_entry_needs_the_providers_address(tmp_path: Path) -> None:
+    document = {"models": [{"name": "large", "driver": "openai"}]}
+    with pytest.raises(ConfigError) as refused:
+        load_catalog(Settings(models_file=models_file(tmp_path, document)))
+    assert "models[0].driver: openai needs OPENAI_BASE_URL" in str(refused.value)

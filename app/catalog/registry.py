@@ -125,6 +125,8 @@ def _model(entry: Any, where: str, settings: Settings) -> Model:
     driver = entry.get("driver", settings.model_driver)
     if driver not in DRIVERS:
         raise ConfigError(f"{where}.driver: one of {', '.join(DRIVERS)}")
+    if driver == "openai" and not settings.openai_base_url:
+        raise ConfigError(f"{where}.driver: openai needs OPENAI_BASE_URL")
     name = entry.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > 255:
         raise ConfigError(f"{where}.name: a non-empty string of at most 255 characters")

@@ -328,12 +328,14 @@ async def run_tool(name: str, arguments: dict[str, Any]) -> Any:
     raise ModelError(f"unknown tool {name}")
 
 
-def create_driver(settings: "Settings") -> Driver:
-    if settings.model_driver == "scripted":
+def create_driver(settings: "Settings", name: str | None = None) -> Driver:
+    """The driver `name` (MODEL_DRIVER's when None), configured from `settings`."""
+    name = name or settings.model_driver
+    if name == "scripted":
         return ScriptedDriver(settings.scripted_delay_ms)
-    if settings.model_driver == "openai":
+    if name == "openai":
         # Imported here: the scripted default never loads the openai package.
         from app.runner.openai_driver import OpenAIDriver
 
         return OpenAIDriver(settings)
-    raise ValueError(f"unknown model driver {settings.model_driver!r}")
+    raise ValueError(f"unknown model driver {name!r}")

@@ -52,6 +52,7 @@ from app.runner import composer
 from app.runner.drivers import (
     BUILTIN_TOOLS,
     Annotations,
+    Driver,
     ModelError,
     ReasoningDelta,
     Retrying,
@@ -146,7 +147,9 @@ class Context:
     tools: list[dict[str, Any]]
     consumed: int
     cancelled: bool
-    # The provider's name of the model the step runs (None: the driver's own).
+    # The driver of the model the step runs, and the provider's name for that model
+    # (None: the driver's own).
+    driver: Driver
     model: str | None = None
 
 
@@ -259,7 +262,12 @@ class TurnRunner:
         self.bus = bus
         # Set by the application when metrics are on.
         self.metrics: Metrics | None = None
+        # One driver of each kind the catalog names; MODEL_DRIVER's is the default.
         self.driver = create_driver(settings)
+        self.drivers: dict[str, Driver] = {self.driver.name: self.driver}
+        for entry in catalog.models if catalog is not None else ():
+            if entry.driver not in self.drivers:
+                self.drivers[entry.driver] = create_driver(settings, entry.driver)
         self.leases = create_leases(
             settings.database_url, renew_seconds=settings.runner_renew_seconds
         )
@@ -652,6 +660,7 @@ class TurnRunner:
         ]
         messages = [wire.loads(row.snapshot) for row in rows]
         model = self._model(attributes, messages)
+        driver = self.drivers[model.driver] if model is not None else self.driver
         context_tokens = (
             model.context_tokens
             if model is not None
@@ -661,13 +670,13 @@ class TurnRunner:
             composer.fit,
             history,
             system_prompt=attributes.get("system_prompt"),
-            provider=self.driver.name,
+            provider=driver.name,
             context_tokens=context_tokens,
         )
         composition = fitted()
         if composition.omitted_through is not None:
             summary = await self._summary(
-                session_id, history, composition.omitted_through, context_tokens
+                session_id, driver, history, composition.omitted_through, context_tokens
             )
             if summary is not None:
                 composition = fitted(summary=summary)
@@ -677,9 +686,8 @@ class TurnRunner:
             tools,
             consumed,
             cancel is not None,
-            model.provider_model
-            if model is not None and model.driver == self.driver.name
-            else None,
+            driver,
+            model.provider_model if model is not None else None,
         )
 
     def _model(
@@ -699,6 +707,7 @@ class TurnRunner:
     async def _summary(
         self,
         session_id: uuid.UUID,
+        driver: Driver,
         history: list[composer.HistoryMessage],
         through: int,
         context_tokens: int,
@@ -731,13 +740,13 @@ class TurnRunner:
             return previous
         request = composer.summary_request(
             history,
-            provider=self.driver.name,
+            provider=driver.name,
             context_tokens=context_tokens,
             previous=previous,
             through=through,
         )
         try:
-            text = await self.driver.summarize(request)
+            text = await driver.summarize(request)
         except Exception as exc:
             log.warning("history summary failed, history truncated instead: %s", exc)
             return None
@@ -799,7 +808,13 @@ class TurnRunner:
                     raise TurnCancelled
                 if turn.message is None:
                     turn.message = await self._checkpoint(
-                        session_id, turn_id, functools.partial(self._write_open, turn)
+                        session_id,
+                        turn_id,
+                        functools.partial(
+                            self._write_open,
+                            turn,
+                            context.model or context.driver.name,
+                        ),
                     )
                 assert turn.message is not None
                 step = LiveStep(
@@ -813,7 +828,7 @@ class TurnRunner:
                 with traces.span(
                     "model.step",
                     {
-                        "gen_ai.system": self.driver.name,
+                        "gen_ai.system": context.driver.name,
                         "evermirror.step": turn.iteration,
                     },
                 ) as step_span:
@@ -828,6 +843,7 @@ class TurnRunner:
                             context.model,
                         ),
                         watch,
+                        context.driver,
                     )
                     if step_span is not None:
                         step_span.set_attribute(
@@ -1008,14 +1024,15 @@ class TurnRunner:
             return int(await conn.scalar(seen) or 0)
 
     async def _write_open(
-        self, turn: TurnProgress, db: Write, session: LockedSession
+        self, turn: TurnProgress, model: str, db: Write, session: LockedSession
     ) -> MessageRow | None:
-        """The turn's agent message opens (`output.message.started`)."""
+        """The turn's agent message opens (`output.message.started`, naming the model
+        its first step runs)."""
         opened = await checkpoint.open_agent_message(
             db,
             session,
             turn_id=turn.turn_id,
-            model=self.driver.name,
+            model=model,
             iteration=turn.iteration,
         )
         return opened.message
@@ -1122,13 +1139,13 @@ class TurnRunner:
         )
 
     async def _stream_step(
-        self, step: LiveStep, turn: Turn, watch: asyncio.Event
+        self, step: LiveStep, turn: Turn, watch: asyncio.Event, driver: Driver
     ) -> list[ToolCall]:
         """Stream one model step into the live projection; returns the tool calls to
         run. A cancel request stops it at once, however long the model takes to send
         its next chunk: the driver's stream is closed (and with it the provider's
         response) and TurnCancelled raised."""
-        streaming = asyncio.create_task(self._consume(step, turn))
+        streaming = asyncio.create_task(self._consume(step, turn, driver))
         watching = asyncio.create_task(self._watch_cancel(step.session_id, watch))
         try:
             await asyncio.wait(
@@ -1161,14 +1178,16 @@ class TurnRunner:
             ):
                 return
 
-    async def _consume(self, step: LiveStep, turn: Turn) -> list[ToolCall]:
+    async def _consume(
+        self, step: LiveStep, turn: Turn, driver: Driver
+    ) -> list[ToolCall]:
         tool_calls: list[ToolCall] = []
         text_part: dict[str, Any] | None = None
         reasoning_part: dict[str, Any] | None = None
         tool_parts: dict[str, dict[str, Any]] = {}
         # Closed at once however this ends (a cancel cancels this task): the driver's
         # `finally` closes its provider stream.
-        async with contextlib.aclosing(self.driver.step(turn)) as events:
+        async with contextlib.aclosing(driver.step(turn)) as events:
             async for event in events:
                 if isinstance(event, TextDelta):
                     if text_part is None:
@@ -1184,7 +1203,7 @@ class TurnRunner:
                         reasoning_part = step.new_part(
                             {
                                 "type": "reasoning",
-                                "provider": self.driver.name,
+                                "provider": driver.name,
                                 "text": "",
                             }
                         )
