@@ -17,10 +17,11 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -309,3 +310,16 @@ def _error(
         status_code=status,
         headers=headers,
     )
+
+
+def fake_openai_fixture(port: int) -> Any:
+    """A module's `fake` fixture: the test server on `port`, for the module's tests
+    (autouse: the service under test talks to it from its first request)."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def fake() -> Iterator[FakeOpenAI]:
+        server = FakeOpenAI(port).start()
+        yield server
+        server.stop()
+
+    return fake

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,9 @@ import httpx
 import pytest
 
 from tests.conftest import ROOT, Server, free_port
-from tests.fake_openai import FakeOpenAI
+from tests.fake_openai import FakeOpenAI, fake_openai_fixture
 from tests.helpers import (
+    api_fixture,
     list_events,
     list_messages,
     live_server_fixture,
@@ -46,17 +46,8 @@ live_server = live_server_fixture(
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fake() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI(FAKE_PORT).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-async def api(live_server: Server) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=live_server.url, timeout=10) as client:
-        yield client
+fake = fake_openai_fixture(FAKE_PORT)
+api = api_fixture()
 
 
 async def new_session(api: httpx.AsyncClient, **fields: Any) -> str:

@@ -3,14 +3,18 @@ summarized by the model (a plain Chat Completions request to the local fake serv
 and the next request carries the summary instead of the old messages."""
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
 
 import httpx
-import pytest
 
-from tests.conftest import Server, free_port
-from tests.fake_openai import FakeOpenAI
-from tests.helpers import list_messages, live_server_fixture, post_message, wait_idle
+from tests.conftest import free_port
+from tests.fake_openai import FakeOpenAI, fake_openai_fixture
+from tests.helpers import (
+    api_fixture,
+    list_messages,
+    live_server_fixture,
+    post_message,
+    wait_idle,
+)
 
 FAKE_PORT = free_port()
 
@@ -24,17 +28,8 @@ live_server = live_server_fixture(
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fake() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI(FAKE_PORT).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-async def api(live_server: Server) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=live_server.url, timeout=10) as client:
-        yield client
+fake = fake_openai_fixture(FAKE_PORT)
+api = api_fixture()
 
 
 async def test_old_history_is_replaced_by_the_models_summary(
