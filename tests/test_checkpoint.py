@@ -180,12 +180,19 @@ async def test_action_joins_streaming_message_or_stands_alone(running: Running) 
     async with handle.write() as db:
         session = await sessions_service.lock_session(db, sid)
         assert session is not None
-        standalone = await checkpoint.append_action(
-            db, session, turn_id=turn, action="set_model", event=changed
+        standalone = await checkpoint.append_actions(
+            db,
+            session,
+            turn_id=turn,
+            parts=[checkpoint.action_part("model_changed", "Model changed", {})],
+            events=[changed],
         )
         opened = await checkpoint.open_agent_message(db, session, turn_id=turn)
-        joined = await checkpoint.append_action(
-            db, session, turn_id=turn, action="set_mode"
+        joined = await checkpoint.append_actions(
+            db,
+            session,
+            turn_id=turn,
+            parts=[checkpoint.action_part("approval_mode_changed", "Mode", {})],
         )
     assert standalone.message is not None and opened.message is not None
     assert joined.message is not None
@@ -194,7 +201,8 @@ async def test_action_joins_streaming_message_or_stands_alone(running: Running) 
     assert [p["type"] for p in alone["content"]] == ["action"]
     assert joined.message.id == opened.message.id
     shared = await snapshot(handle, opened.message.id)
-    assert [p["action"] for p in shared["content"]] == ["set_mode"]
+    assert [p["action_type"] for p in shared["content"]] == ["approval_mode_changed"]
+    assert shared["revision"] == opened.message.revision + 1
     assert shared["state"] == "streaming"
     log = await events(handle, sid)
     assert [t for _, t in log][:2] == [

@@ -399,12 +399,17 @@ async def seed_agent_parts(database_url: str) -> str:
         async with database.write() as db:
             session = await sessions_service.lock_session(db, session_id)
             assert session is not None
-            await checkpoint.append_action(
+            await checkpoint.append_actions(
                 db,
                 session,
                 turn_id=None,
-                action="set_approval_mode",
-                data={"approval_mode": "ask"},
+                parts=[
+                    checkpoint.action_part(
+                        "approval_mode_changed",
+                        "Approval mode set to ask",
+                        {"field": "approval_mode", "old": None, "new": "ask"},
+                    )
+                ],
             )
     finally:
         await database.dispose()
@@ -456,9 +461,15 @@ async def test_interactions_actions_and_user_parts_render(
             "Approvals are not available on this server"
         )
     action = page.locator("#list > .message").nth(1).locator(".part.action")
-    assert (await action.locator(".tool-name").text_content()) == "set_approval_mode"
+    assert (await action.locator(".tool-name").text_content()) == (
+        "Approval mode set to ask"
+    )
+    assert await action.get_attribute("data-action-type") == "approval_mode_changed"
+    assert (await action.locator(".action-state").text_content()) == "completed"
     assert json.loads((await action.locator("pre").text_content()) or "") == {
-        "approval_mode": "ask"
+        "field": "approval_mode",
+        "old": None,
+        "new": "ask",
     }
     user = page.locator('#list > .message[data-role="user"]')
     assert (await user.locator(".text-context").text_content()) == "Earlier <b>"

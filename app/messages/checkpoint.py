@@ -500,22 +500,35 @@ async def request_client_tools(
     return await _commit(db, session, now, message, specs)
 
 
-async def append_action(
+def action_part(
+    action_type: str, title: str, data: dict[str, Any], *, state: str = "completed"
+) -> dict[str, Any]:
+    """The seed's `action` part: what changed (`action_type`, `data`), for whom to
+    read (`title`), and whether it is done (`state`: running|completed|failed)."""
+    return {
+        "type": "action",
+        "action_id": format_id("action", uuid7()),
+        "action_type": action_type,
+        "state": state,
+        "title": title,
+        "data": data,
+    }
+
+
+async def append_actions(
     db: Write,
     session: LockedSession,
     *,
     turn_id: uuid.UUID | None,
-    action: str,
-    data: dict[str, Any] | None = None,
-    event: EventSpec | None = None,
+    parts: Sequence[dict[str, Any]],
+    events: Sequence[EventSpec] = (),
 ) -> Checkpoint:
-    """The seed's Action ownership rule: append to the turn's streaming agent message when
-    there is one; otherwise store a standalone agent message holding just the Action."""
+    """The seed's Action ownership rule, in one checkpoint: the action parts join the
+    turn's streaming agent message when there is one (its revision + 1); otherwise
+    they are a standalone agent message holding just them. `events` go first."""
+    if not parts:
+        raise CheckpointError("no action to append")
     now = utcnow()
-    part: dict[str, Any] = {"type": "action", "action": action}
-    if data is not None:
-        part["data"] = data
-    specs = [event] if event is not None else []
     streaming = None
     if turn_id is not None:
         streaming = next(
@@ -530,24 +543,25 @@ async def append_action(
         _touch(streaming, now)
         streaming.content = [
             *streaming.content,
-            *number_parts("agent", streaming.content, [part]),
+            *number_parts("agent", streaming.content, parts),
         ]
-        spec = _completed(streaming)
-        return await _commit(db, session, now, streaming, [*specs, spec])
+        return await _commit(
+            db, session, now, streaming, [*events, _completed(streaming)]
+        )
     message = _new_message(
         session,
         now,
-        sequence=session.last_sequence + 1 + len(specs),
+        sequence=session.last_sequence + 1 + len(events),
         role="agent",
         state="done",
         visibility="visible",
         turn_id=turn_id,
-        content=number_parts("agent", [], [part]),
+        content=number_parts("agent", [], parts),
         extra={},
     )
     _count(session, "visible")
     spec = _completed(message)
-    return await _commit(db, session, now, message, [*specs, spec], inserted=True)
+    return await _commit(db, session, now, message, [*events, spec], inserted=True)
 
 
 async def close_message(

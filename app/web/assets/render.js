@@ -203,9 +203,10 @@ function partNode(part, message, context, result) {
     case "action":
       return el(
         "div",
-        { class: "part action", ...base },
+        { class: "part action", ...base, dataset: { ...base.dataset, state: part.state, actionType: part.action_type } },
         el("span", { class: "label", text: "Action " }),
-        el("span", { class: "tool-name", text: String(part.action ?? "") }),
+        el("span", { class: "tool-name", text: String(part.title ?? part.action_type ?? "") }),
+        part.state ? el("span", { class: "badge action-state", text: String(part.state) }) : null,
         part.data !== undefined && part.data !== null ? el("pre", { text: json(part.data) }) : null,
       );
     case "error":
