@@ -690,3 +690,43 @@ async def test_seed_client_converges_through_an_approval(
     await client.connect(stop=Stop("final"))
     await wait_idle(api, session_id)
     check_converged(client, await list_messages(api, session_id), "approval")
+
+
+async def test_seed_client_converges_through_an_action_mid_step(
+    api: httpx.AsyncClient,
+) -> None:
+    """A PATCH while the step streams commits an Action to the streaming message: the
+    client drops its live projection for the new snapshot, gets the step's parts again
+    at the new revision, follows the rest of the step there, and converges."""
+    session_id = (await api.post("/v1/sessions", json={})).json()["id"]
+    client = SeedClient(api, session_id)
+
+    async def change_mid_step() -> None:
+        await wait_until(lambda: client.applied >= 10, "deltas to flow")
+        response = await api.patch(
+            f"/v1/sessions/{session_id}", json={"approval_mode": "always-allow"}
+        )
+        assert response.status_code == 200, response.text
+
+    change = asyncio.create_task(change_mid_step())
+    try:
+        await client.connect(
+            stop=Stop("final"), post="/scenario long 150", post_when="loaded"
+        )
+        await change
+    finally:
+        change.cancel()
+    await wait_idle(api, session_id)
+    listed = await list_messages(api, session_id)
+    check_converged(client, listed, "action mid-step")
+    agent = listed["data"][-1]
+    assert [p["type"] for p in agent["content"]] == ["action", "text"]
+    # Opened at revision 1, the Action is 2, the step commits as 3: the live text
+    # went on at revision 2 (deltas' mutation ids are message/revision/part/offset).
+    revisions = {
+        line.split('"mutation_id":"', 1)[1].split("/")[1]
+        for line in client.log
+        if line.startswith("delta ")
+    }
+    assert revisions == {"1", "2"}, revisions
+    assert agent["revision"] == 3

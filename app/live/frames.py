@@ -112,12 +112,11 @@ SESSION_CHANGES: dict[str, tuple[str, str | None]] = {
     "session.idled": ("status", "idle"),
     "session.title.updated": ("title", None),
     "session.model.changed": ("model_id", None),
-    # A client-side tool call: the session waits for its result.
+    # A client-side tool call: the session waits for its result (and its last result
+    # is followed by `session.activated`).
     "tool.call_requested": ("status", "waitingfortoolresults"),
 }
-# A client's tool result that let the turn go on says so (`session_status: active`).
-TOOL_RESULT = "tool.completed"
-EVENT_MUTATIONS = frozenset(TURN_STATUS) | frozenset(SESSION_CHANGES) | {TOOL_RESULT}
+EVENT_MUTATIONS = frozenset(TURN_STATUS) | frozenset(SESSION_CHANGES)
 
 
 def _head(mutation_id: str, session_id: uuid.UUID, created_at: str) -> bytes:
@@ -199,14 +198,8 @@ def event_mutation(session_id: uuid.UUID, event_type: str, body: str) -> bytes |
         return frame(
             "turn", head + b"," + wire.dumps({"turn_id": turn_id, "status": status})[1:]
         )
-    change: dict[str, Any]
-    if event_type == TOOL_RESULT:
-        if data.get("session_status") != "active":
-            return None
-        change = {"status": "active"}
-    else:
-        field, value = SESSION_CHANGES[event_type]
-        change = {field: data.get(field) if value is None else value}
+    field, value = SESSION_CHANGES[event_type]
+    change = {field: data.get(field) if value is None else value}
     head = _head(event["id"], session_id, event["ts"])
     return frame("session", head + b"," + wire.dumps(change)[1:])
 

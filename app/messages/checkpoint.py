@@ -403,13 +403,14 @@ async def tool_transition(
     duration_ms: int | None = None,
     interaction: dict[str, Any] | None = None,
     event_data: dict[str, Any] | None = None,
+    then: Sequence[EventSpec] = (),
 ) -> Checkpoint:
     """Move one tool along its life cycle (app/tools/lifecycle.py), updating its
     existing tool_call part; a move the life cycle does not allow raises
     ToolTransitionError and writes nothing. `completed`/`failed` append the matching
     tool_result part. A related interaction part (created or updated by
     `interaction_id`) commits in the same checkpoint. `event_data` joins the data of
-    the transition's event."""
+    the transition's event; events in `then` follow it in the same checkpoint."""
     now = utcnow()
     index, part = _find_part(message, type="tool_call", id=tool_call_id)
     _check_transition(part, status)
@@ -455,7 +456,7 @@ async def tool_transition(
         )
     if spec.type != "output.message.completed":
         render.render(message)
-    return await _commit(db, session, now, message, [spec])
+    return await _commit(db, session, now, message, [spec, *then])
 
 
 def _call_requested(
@@ -562,6 +563,13 @@ async def append_actions(
     _count(session, "visible")
     spec = _completed(message)
     return await _commit(db, session, now, message, [*events, spec], inserted=True)
+
+
+async def append_events(
+    db: Write, session: LockedSession, events: Sequence[EventSpec]
+) -> Checkpoint:
+    """Durable events of the session that change no message (a title update)."""
+    return await _commit(db, session, utcnow(), None, events)
 
 
 async def close_message(

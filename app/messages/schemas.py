@@ -254,9 +254,20 @@ class InteractionPart(PartBase):
 
 
 class ActionPart(PartBase):
+    """A change of what the turn runs with (the seed's Action): `data` holds the
+    `field` and its `old` and `new` values."""
+
     type: Literal["action"]
-    action: str
-    data: dict[str, Any] | None = None
+    action_id: str
+    action_type: Literal[
+        "model_changed",
+        "approval_mode_changed",
+        "system_prompt_changed",
+        "tools_changed",
+    ]
+    state: Literal["running", "completed", "failed"]
+    title: str
+    data: dict[str, Any]
 
 
 class ErrorPart(PartBase):

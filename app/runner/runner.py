@@ -29,7 +29,7 @@ from app.db import models
 from app.db.dialect import Regain, create_leases
 from app.db.session import Database
 from app.db.types import utcnow
-from app.db.writes import LockedSession, MessageRow, Write
+from app.db.writes import LockedSession, MessageRow, StaleMessage, Write
 from app.errors import is_transient_db_error
 from app.events.service import EventSpec
 from app.ids import format_id, uuid7
@@ -77,6 +77,8 @@ T = TypeVar("T")
 HISTORY_FOR_MODEL = 50
 # The step cap of a session created without `max_iterations`.
 DEFAULT_MAX_ITERATIONS = 20
+# Checkpoints written again because an Action changed the message under the runner.
+MAX_STALE_RETRIES = 5
 # Upstream's session status while a turn waits for client-side tool results.
 WAITING = "waitingfortoolresults"
 
@@ -522,6 +524,7 @@ class TurnRunner:
         write: Callable[[Write, LockedSession], Awaitable[MessageRow | None]],
         *,
         ending: bool = False,
+        turn: TurnProgress | None = None,
     ) -> MessageRow | None:
         """Run `write` as one checkpoint of the turn and return the message it wrote.
 
@@ -538,8 +541,13 @@ class TurnRunner:
 
         TurnCancelled when the turn is not the session's any more or a cancel was
         requested; with `ending` (the turn's last checkpoint, which writes the cancel or
-        failure) a cancel request does not stop it, and an ended turn writes nothing."""
+        failure) a cancel request does not stop it, and an ended turn writes nothing.
+
+        `write` works from `turn.message`. When that changed under the runner (an
+        Action joined it: `PATCH /v1/sessions/{id}` is its only other writer while the
+        turn runs), the checkpoint is written again from the stored message."""
         outage = Outage(self.settings.runner_outage_seconds)
+        stale = 0
         # Set when a COMMIT went unanswered: what that attempt wrote.
         uncertain = False
         attempted: MessageRow | None = None
@@ -572,6 +580,13 @@ class TurnRunner:
                 return written
             except (TurnCancelled, LeaseLost):
                 raise
+            except StaleMessage:
+                stale += 1
+                if turn is None or turn.message is None or stale > MAX_STALE_RETRIES:
+                    raise
+                turn.message = await self._retrying(
+                    functools.partial(self._read_message, turn.message.id)
+                )
             except Exception as exc:
                 if getattr(exc, "statement", None) == "COMMIT":
                     uncertain, attempted = True, written
@@ -794,7 +809,10 @@ class TurnRunner:
                     functools.partial(self._seen_input, turn)
                 )
                 await self._checkpoint(
-                    session_id, turn_id, functools.partial(self._write_cap, turn)
+                    session_id,
+                    turn_id,
+                    functools.partial(self._write_cap, turn),
+                    turn=turn,
                 )
                 outcome = "completed"
                 return outcome
@@ -833,6 +851,7 @@ class TurnRunner:
                     },
                 ) as step_span:
                     tool_calls = await self._stream_step(
+                        turn,
                         step,
                         Turn(
                             context.messages,
@@ -854,6 +873,7 @@ class TurnRunner:
                     session_id,
                     turn_id,
                     functools.partial(self._write_step, turn, step, tool_calls, last),
+                    turn=turn,
                 )
                 assert turn.message is not None
                 self.live.pop(step.message_id, None)
@@ -888,6 +908,7 @@ class TurnRunner:
                             turn,
                             [c.id for c in client_calls],
                         ),
+                        turn=turn,
                     )
                     outcome = "waiting"
                     return outcome
@@ -895,7 +916,10 @@ class TurnRunner:
                     # The cap came with tool calls: their results are stored, and no
                     # further step runs.
                     await self._checkpoint(
-                        session_id, turn_id, functools.partial(self._write_cap, turn)
+                        session_id,
+                        turn_id,
+                        functools.partial(self._write_cap, turn),
+                        turn=turn,
                     )
                     outcome = "completed"
                     return outcome
@@ -1139,14 +1163,19 @@ class TurnRunner:
         )
 
     async def _stream_step(
-        self, step: LiveStep, turn: Turn, watch: asyncio.Event, driver: Driver
+        self,
+        progress: TurnProgress,
+        step: LiveStep,
+        turn: Turn,
+        watch: asyncio.Event,
+        driver: Driver,
     ) -> list[ToolCall]:
         """Stream one model step into the live projection; returns the tool calls to
         run. A cancel request stops it at once, however long the model takes to send
         its next chunk: the driver's stream is closed (and with it the provider's
         response) and TurnCancelled raised."""
         streaming = asyncio.create_task(self._consume(step, turn, driver))
-        watching = asyncio.create_task(self._watch_cancel(step.session_id, watch))
+        watching = asyncio.create_task(self._watch_step(progress, step, watch))
         try:
             await asyncio.wait(
                 (streaming, watching), return_when=asyncio.FIRST_COMPLETED
@@ -1167,16 +1196,59 @@ class TurnRunner:
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
 
-    async def _watch_cancel(self, session_id: uuid.UUID, watch: asyncio.Event) -> None:
-        """Return once a cancel of the session's turn was requested (each wake-up of
-        the session is a moment to check)."""
+    async def _watch_step(
+        self, turn: TurnProgress, step: LiveStep, watch: asyncio.Event
+    ) -> None:
+        """Return once a cancel of the session's turn was requested; each wake-up of
+        the session is a moment to check. The same read tells whether an Action
+        joined the streaming message: then the step goes on from its new revision."""
         while True:
             await watch.wait()
             watch.clear()
-            if await self._retrying(
-                functools.partial(self._cancel_requested, session_id)
-            ):
+            cancelled, revision = await self._retrying(
+                functools.partial(self._step_news, step)
+            )
+            if cancelled:
                 return
+            if revision is not None and revision > step.revision:
+                await self._rebase(turn, step)
+
+    async def _step_news(self, step: LiveStep) -> tuple[bool, int | None]:
+        """Whether a cancel was requested, and the stored revision of the step's
+        message, in one read."""
+        revision = (
+            select(models.Message.revision)
+            .where(models.Message.id == step.message_id)
+            .scalar_subquery()
+        )
+        async with self.database.statements() as conn:
+            row = (
+                await conn.execute(
+                    select(models.Session.cancel_requested_at, revision).where(
+                        models.Session.id == step.session_id
+                    )
+                )
+            ).one_or_none()
+        if row is None:
+            return False, None
+        return row[0] is not None, row[1]
+
+    async def _rebase(self, turn: TurnProgress, step: LiveStep) -> None:
+        """An Action was committed to the message while this step streams: the step's
+        live parts now extend the new revision and follow the Action's parts (their
+        part ids stay; their sequences move on). Clients dropped the old projection
+        with the new snapshot; they get the parts again, text so far included."""
+        stored = await self._retrying(
+            functools.partial(self._read_message, step.message_id)
+        )
+        if stored.revision <= step.revision:
+            return
+        turn.message = stored
+        step.revision = stored.revision
+        step.first_sequence = len(stored.content) + 1
+        for offset, part in enumerate(step.parts):
+            part["sequence"] = step.first_sequence + offset
+        await self._republish(step)
 
     async def _consume(
         self, step: LiveStep, turn: Turn, driver: Driver
@@ -1357,6 +1429,7 @@ class TurnRunner:
                 lifecycle.AWAITING_APPROVAL,
                 interaction=interaction,
             ),
+            turn=turn,
         )
         assert turn.message is not None
         message_id = turn.message.id
@@ -1419,6 +1492,7 @@ class TurnRunner:
                 turn.session_id,
                 turn.turn_id,
                 functools.partial(self._write_tool, turn, call.id, "running"),
+                turn=turn,
             )
         began = time.monotonic()
         try:
@@ -1441,6 +1515,7 @@ class TurnRunner:
                 error=error,
                 duration_ms=int((time.monotonic() - began) * 1000),
             ),
+            turn=turn,
         )
         return {"tool_call_id": call.id, "result": result, "error": error}
 
@@ -1497,11 +1572,13 @@ class TurnRunner:
             if message_id is not None:
                 message = await checkpoint.get_message_for_update(db, message_id)
                 if message.state == "streaming":
-                    # Only if the step still extends what is stored (it was not
-                    # committed by an attempt whose COMMIT went unanswered).
+                    # Only if the step is not stored yet (an attempt whose COMMIT
+                    # went unanswered may have committed it).
+                    stored = {p["part_id"] for p in message.content}
                     partial = (
                         step.settled()
-                        if step is not None and step.revision == message.revision
+                        if step is not None
+                        and not stored.intersection(p["part_id"] for p in step.parts)
                         else []
                     )
                     step_number = 1 + len(

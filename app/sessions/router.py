@@ -8,7 +8,7 @@ from app import guards, wire
 from app.deps import BaseUrl, OrgId, ReadDb, SessionId, StateDep, WriteDb
 from app.errors import BODY_PROBLEMS, InvalidParameter, problem_responses
 from app.schemas import MAX_INT32, UtcTimestamp
-from app.sessions import page, schemas, service
+from app.sessions import actions, page, schemas, service
 
 router = APIRouter(tags=["sessions"])
 
@@ -121,10 +121,15 @@ async def update_session(
     base: BaseUrl,
     state: StateDep,
 ) -> Response:
-    """Update title, tags, goal or locale; only the fields sent change."""
+    """Update the fields sent, and only those. A change of model, approval mode,
+    system prompt or tools is recorded as an Action in the conversation."""
     guards.check_session(data, state.settings)
-    session = await service.update_session(
+    state.catalog.require(data.model_id, "model_id")
+    before, session = await service.update_session(
         db, organization_id=org, session_id=session_id, data=data
+    )
+    await actions.record_changes(
+        db, before, session, model_name=lambda m: state.catalog.get(m).name
     )
     return wire.json_response(wire.dumps(service.session_wire(session, base)))
 

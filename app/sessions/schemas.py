@@ -41,6 +41,12 @@ APPROVAL_MODE_NOTE = (
 )
 
 
+ACTION_NOTE = (
+    "A change is an `action` part in the conversation (on the running turn's "
+    "streaming agent message, else a message of its own) and applies from the "
+    "turn's next step."
+)
+
 # Strings and numbers also pass app/schemas.check_value; goal and system_prompt are
 # capped by MAX_TEXT_CHARS, metadata and hints by MAX_JSON_BYTES and MAX_JSON_DEPTH
 # (settings, checked by app/guards.py).
@@ -79,13 +85,21 @@ class SessionUpdate(InputSchema):
     tags: Tags | None = None
     goal: str | None = Field(default=None, description=LONG_TEXT_NOTE)
     locale: Label | None = None
+    model_id: str | None = Field(
+        default=None,
+        pattern=r"^model_[0-9a-f]{32}$",
+        description="A model of `GET /v1/models` (`null`: the default). " + ACTION_NOTE,
+    )
+    system_prompt: str | None = Field(
+        default=None, description=LONG_TEXT_NOTE + " " + ACTION_NOTE
+    )
     tools: Tools | None = Field(
         default=None,
-        description="Replaces the session's tools (`[]` removes them all); the "
-        "running turn sees the change at its next step.",
+        description="Replaces the session's tools (`[]` removes them all). "
+        + ACTION_NOTE,
     )
     approval_mode: ApprovalMode | None = Field(
-        default=None, description=APPROVAL_MODE_NOTE
+        default=None, description=APPROVAL_MODE_NOTE + " " + ACTION_NOTE
     )
 
 

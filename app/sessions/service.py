@@ -200,7 +200,8 @@ async def update_session(
     organization_id: uuid.UUID,
     session_id: uuid.UUID,
     data: schemas.SessionUpdate,
-) -> models.Session:
+) -> tuple[models.Session, models.Session]:
+    """Apply the fields sent; returns the session before and after."""
     conn = await db.core()
     table = models.Session.__table__
     row = (
@@ -218,6 +219,7 @@ async def update_session(
     )
     if row is None:
         raise session_not_found(session_id)
+    before = models.Session(**row)
     session = models.Session(**row)
     changes = data.model_dump(exclude_unset=True)
     if "tools" in changes and changes["tools"] is not None:
@@ -229,7 +231,14 @@ async def update_session(
     if "tags" in changes:
         session.tags = changes["tags"] or []
     attributes = dict(session.attributes)
-    for key in ("goal", "locale", "tools", "approval_mode"):
+    for key in (
+        "goal",
+        "locale",
+        "tools",
+        "approval_mode",
+        "model_id",
+        "system_prompt",
+    ):
         if key in changes:
             attributes[key] = changes[key]
     session.attributes = attributes
@@ -244,7 +253,7 @@ async def update_session(
             updated_at=session.updated_at,
         )
     )
-    return session
+    return before, session
 
 
 def add_usage(

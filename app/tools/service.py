@@ -11,6 +11,7 @@ from app import wire
 from app.db import models
 from app.db.writes import LockedSession, MessageRow, Write
 from app.errors import Conflict, Unprocessable, clip
+from app.events.service import EventSpec
 from app.ids import format_id
 from app.messages import checkpoint
 from app.sessions import service as sessions_service
@@ -135,8 +136,17 @@ async def submit_tool_results(
     remaining = pending - {item.tool_call_id for item in fresh}
     for position, item in enumerate(fresh):
         final = position == len(fresh) - 1
+        then = []
         if final and not remaining:
+            # The wait is over: upstream's event for the session's return to `active`
+            # (a `session` Mutation too), in the checkpoint of the last result.
             session.status = "active"
+            turn = (
+                {"turn_id": format_id("turn", message.turn_id)}
+                if message.turn_id
+                else {}
+            )
+            then.append(EventSpec("session.activated", turn, turn_id=message.turn_id))
         status = lifecycle.FAILED if item.error is not None else lifecycle.COMPLETED
         await checkpoint.tool_transition(
             db,
@@ -147,6 +157,7 @@ async def submit_tool_results(
             result=item.result,
             error=item.error,
             event_data={"source": "client", "session_status": session.status},
+            then=then,
         )
     if not remaining:
         db.outbox.kick(session.id)

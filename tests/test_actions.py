@@ -1,0 +1,277 @@
+"""Actions (DESIGN.md 2.6, the seed's Action ownership rule): a `PATCH` of a session's
+model, approval mode, system prompt or tools is an `action` part. While the turn has
+a streaming agent message the part joins it (same message, revision + 1); otherwise
+it is a standalone agent message. The change applies from the turn's next step."""
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.catalog.registry import derived_id
+from app.settings import Settings
+from tests.conftest import Running, free_port, start_server
+from tests.fake_openai import FakeOpenAI
+from tests.helpers import (
+    assert_problem,
+    list_events,
+    list_messages,
+    post_message,
+    table_rows,
+    text_of,
+    wait_idle,
+    wait_until,
+)
+from tests.test_approvals import ASK, GUARDED, decide, first_pending, guarded_session
+from tests.test_catalog import LARGE, models_file
+
+SCRIPTED = derived_id("scripted", "scripted")
+
+
+def actions(message: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in message["content"] if p["type"] == "action"]
+
+
+async def patch(
+    client: httpx.AsyncClient, session_id: str, **body: Any
+) -> dict[str, Any]:
+    response = await client.patch(f"/v1/sessions/{session_id}", json=body)
+    assert response.status_code == 200, response.text
+    session: dict[str, Any] = response.json()
+    return session
+
+
+async def test_a_change_while_idle_is_a_standalone_action_message(
+    client: httpx.AsyncClient,
+) -> None:
+    session_id = (await client.post("/v1/sessions", json={})).json()["id"]
+    session = await patch(
+        client,
+        session_id,
+        approval_mode="always-allow",
+        system_prompt="Answer in French.",
+        model_id=SCRIPTED,
+    )
+    assert session["approval_mode"] == "always-allow"
+    assert session["system_prompt"] == "Answer in French."
+    assert session["model_id"] == SCRIPTED
+    [message] = (await list_messages(client, session_id))["data"]
+    assert (message["role"], message["state"], message["revision"]) == (
+        "agent",
+        "done",
+        1,
+    )
+    assert "turn_id" not in message
+    parts = actions(message)
+    assert parts == message["content"]
+    assert [p["action_type"] for p in parts] == [
+        "model_changed",
+        "approval_mode_changed",
+        "system_prompt_changed",
+    ]
+    for part in parts:
+        assert part["action_id"].startswith("action_")
+        assert part["state"] == "completed"
+        assert part["title"]
+    assert parts[0]["title"] == "Model changed to scripted"
+    assert parts[1]["data"] == {
+        "field": "approval_mode",
+        "old": None,
+        "new": "always-allow",
+    }
+    assert parts[2]["data"]["new"] == "Answer in French."
+    events = await list_events(client, session_id)
+    assert [e["type"] for e in events] == [
+        "session.model.changed",
+        "output.message.completed",
+    ]
+    assert events[0]["data"] == {"model_id": SCRIPTED, "previous_model_id": None}
+
+    # The same values again change nothing: no action, no event.
+    await patch(client, session_id, approval_mode="always-allow", model_id=SCRIPTED)
+    assert len(await list_events(client, session_id)) == 2
+    # Tools replaced, then removed: an action each, naming them.
+    await patch(client, session_id, tools=[GUARDED])
+    await patch(client, session_id, tools=[])
+    listed = (await list_messages(client, session_id))["data"]
+    assert [actions(m)[0]["title"] for m in listed[1:]] == [
+        "Tools changed: lookup",
+        "Tools changed: none",
+    ]
+    assert listed[2]["content"][0]["data"]["old"][0]["name"] == "lookup"
+
+
+async def test_a_title_change_is_upstreams_event_and_no_action(
+    client: httpx.AsyncClient,
+) -> None:
+    session_id = (await client.post("/v1/sessions", json={"title": "one"})).json()["id"]
+    await patch(client, session_id, title="two", tags=["x"], goal="g", locale="uk-UA")
+    assert (await list_messages(client, session_id))["data"] == []
+    events = await list_events(client, session_id)
+    assert [(e["type"], e["data"]) for e in events] == [
+        ("session.title.updated", {"previous_title": "one", "title": "two"})
+    ]
+
+
+async def test_bad_changes_are_refused_and_change_nothing(
+    client: httpx.AsyncClient, running: Running
+) -> None:
+    database = running.app.state.app.database
+    session_id = (await client.post("/v1/sessions", json={})).json()["id"]
+    before = await table_rows(database)
+    unknown = "model_" + "e" * 32
+    refused = await client.patch(
+        f"/v1/sessions/{session_id}", json={"model_id": unknown}
+    )
+    assert_problem(refused, 422)
+    assert "model_id" in refused.json()["detail"]
+    for body in (
+        {"model_id": "gpt-4"},
+        {"approval_mode": "sometimes"},
+        {"system_prompt": 5},
+        {"tools": [{"type": "builtin", "name": "bad name"}]},
+    ):
+        response = await client.patch(f"/v1/sessions/{session_id}", json=body)
+        assert_problem(response, 422)
+    assert await table_rows(database) == before
+
+
+async def test_a_change_during_a_turn_joins_its_streaming_message(
+    client: httpx.AsyncClient,
+) -> None:
+    """The turn waits for an approval, its agent message open: the action joins it at
+    revision + 1 and the turn goes on to complete with it."""
+    session_id = await guarded_session(client)
+    await post_message(client, session_id, ASK)
+    interaction = await first_pending(client, session_id)
+    agent = (await list_messages(client, session_id))["data"][-1]
+    assert agent["state"] == "streaming"
+    await patch(client, session_id, approval_mode="always-allow")
+    joined = (await list_messages(client, session_id))["data"]
+    assert len(joined) == 2
+    assert joined[-1]["id"] == agent["id"]
+    assert joined[-1]["revision"] == agent["revision"] + 1
+    assert joined[-1]["state"] == "streaming"
+    assert [p["type"] for p in joined[-1]["content"]] == [
+        *[p["type"] for p in agent["content"]],
+        "action",
+    ]
+    decided = await decide(
+        client, session_id, interaction["interaction_id"], decision="approve"
+    )
+    assert decided.status_code == 200, decided.text
+    await wait_idle(client, session_id)
+    final = (await list_messages(client, session_id))["data"][-1]
+    assert final["id"] == agent["id"]
+    assert final["state"] == "done"
+    types = [p["type"] for p in final["content"]]
+    assert types.index("action") < types.index("tool_result")
+    assert [p["sequence"] for p in final["content"]] == list(range(1, len(types) + 1))
+    assert text_of(final).endswith('returned {"query": "tea", "answer": 42}.')
+
+
+async def test_a_change_after_the_turn_closed_its_message_stands_alone(
+    client: httpx.AsyncClient,
+) -> None:
+    session_id = (await client.post("/v1/sessions", json={})).json()["id"]
+    await post_message(client, session_id, "hello there")
+    await wait_idle(client, session_id)
+    await patch(client, session_id, system_prompt="Be brief.")
+    listed = (await list_messages(client, session_id))["data"]
+    assert [m["role"] for m in listed] == ["user", "agent", "agent"]
+    assert [p["type"] for p in listed[1]["content"]] == ["text"]
+    assert [p["action_type"] for p in listed[2]["content"]] == ["system_prompt_changed"]
+
+
+async def test_a_change_mid_step_keeps_the_step_whole(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """PATCH while a step streams: the action is committed at once (revision + 1)
+    ahead of the step's parts, and the step commits after it with all its text."""
+    server = start_server(settings.database_url, tmp_path, SCRIPTED_DELAY_MS="10")
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as api:
+            session_id = (await api.post("/v1/sessions", json={})).json()["id"]
+            await post_message(api, session_id, "/scenario long 120")
+            seen: list[dict[str, Any]] = []
+
+            async def streaming() -> bool:
+                seen[:] = (await list_messages(api, session_id))["data"]
+                return len(seen) == 2 and seen[1]["state"] == "streaming"
+
+            await wait_until(streaming, "the agent message to stream")
+            await asyncio.sleep(0.3)
+            await patch(api, session_id, approval_mode="always-allow")
+            joined = (await list_messages(api, session_id))["data"][1]
+            assert joined["state"] == "streaming"
+            assert [p["type"] for p in joined["content"]] == ["action"]
+            assert joined["revision"] == seen[1]["revision"] + 1
+            await wait_idle(api, session_id)
+            final = (await list_messages(api, session_id))["data"][1]
+            assert [(p["type"], p["sequence"]) for p in final["content"]] == [
+                ("action", 1),
+                ("text", 2),
+            ]
+            assert text_of(final) == "".join(f"chunk{i} " for i in range(120))
+            assert final["revision"] == joined["revision"] + 1
+    finally:
+        server.stop()
+
+
+async def test_a_model_and_prompt_change_apply_from_the_next_step(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The first step runs on the scripted model and stops for an approval; the
+    session then switches to the catalog's OpenAI entry and a system prompt. After
+    the approval, the next step is the provider's request, with both."""
+    fake = FakeOpenAI(free_port()).start()
+    path = models_file(
+        tmp_path,
+        {
+            "models": [
+                {"id": SCRIPTED, "name": "offline", "driver": "scripted"},
+                {
+                    "id": LARGE,
+                    "name": "large",
+                    "driver": "openai",
+                    "provider_model": "fake-large-2026",
+                },
+            ]
+        },
+    )
+    server = start_server(
+        database_url,
+        tmp_path,
+        MODEL_DRIVER="scripted",
+        OPENAI_BASE_URL=fake.base_url,
+        MODELS_FILE=path,
+    )
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as api:
+            session_id = await guarded_session(api)
+            await post_message(api, session_id, ASK)
+            interaction = await first_pending(api, session_id)
+            assert fake.requests == []
+            await patch(api, session_id, model_id=LARGE, system_prompt="Be brief.")
+            decided = await decide(
+                api, session_id, interaction["interaction_id"], decision="approve"
+            )
+            assert decided.status_code == 200, decided.text
+            await wait_idle(api, session_id)
+            [request] = fake.for_text(ASK)
+            assert request.body["model"] == "fake-large-2026"
+            assert request.body["messages"][0] == {
+                "role": "system",
+                "content": "Be brief.",
+            }
+            final = (await list_messages(api, session_id))["data"][-1]
+            titles = [p["title"] for p in actions(final)]
+            assert titles == ["Model changed to large", "System prompt changed"]
+            assert text_of(final).endswith("Hello from the fake model.")
+            types = [e["type"] for e in await list_events(api, session_id)]
+            assert "session.model.changed" in types
+            assert types[-1] == "session.idled"
+    finally:
+        server.stop()
+        fake.stop()
