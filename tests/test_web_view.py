@@ -38,7 +38,7 @@ from tests.conftest import ROOT, Server
 from tests.helpers import assert_problem, live_server_fixture, text_body
 
 if TYPE_CHECKING:
-    from playwright.async_api import Page, Route
+    from playwright.async_api import Locator, Page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -342,9 +342,10 @@ async def test_the_scripted_scenarios_render_their_parts(
 
 
 async def seed_agent_parts(database_url: str) -> str:
-    """A session whose agent parts no HTTP call makes yet: a tool call awaiting an
-    approval (an interaction part, in a message still open) and a standalone action
-    message, written by the checkpoint writer as the runner would."""
+    """A session whose agent parts no HTTP call makes: a tool call awaiting an
+    approval the service does not hold (an interaction part, in a message still open)
+    and a standalone action message, written by the checkpoint writer as the runner
+    would."""
     database = Database.from_settings(Settings(database_url=database_url))
     try:
         async with database.write() as db:
@@ -416,16 +417,6 @@ async def seed_agent_parts(database_url: str) -> str:
     return format_id("session", session_id)
 
 
-# Appended to the client's index.js: a respond() that records each call and refuses
-# a denial.
-RESPOND = """
-Session.prototype.respond = function (id, body) {
-  (window.responded ??= []).push({ id, body });
-  return body.decision === "deny" ? Promise.reject(new Error("refused here")) : Promise.resolve({});
-};
-"""
-
-
 async def test_interactions_actions_and_user_parts_render(
     page: "Page", live_server: Server, api: httpx.AsyncClient
 ) -> None:
@@ -452,14 +443,10 @@ async def test_interactions_actions_and_user_parts_render(
     interaction = first.locator('.part[data-type="interaction"]')
     assert await interaction.get_attribute("data-status") == "pending"
     assert (await interaction.locator(".prompt").text_content()) == "Delete /tmp/x?"
-    # The JS client has no respond() yet (the server's interactions route exists): the buttons
-    # show, disabled, and say why.
-    for decision in ("approve", "deny"):
-        button = interaction.locator(f'button[data-decision="{decision}"]')
-        assert await button.is_disabled()
-        assert await button.get_attribute("title") == (
-            "Approvals are not available on this server"
-        )
+    buttons = interaction.locator("button[data-decision]")
+    assert await buttons.evaluate_all(
+        "(bs) => bs.map((b) => [b.dataset.decision, b.disabled, b.title])"
+    ) == [["approve", False, ""], ["deny", False, ""]]
     action = page.locator("#list > .message").nth(1).locator(".part.action")
     assert (await action.locator(".tool-name").text_content()) == (
         "Approval mode set to ask"
@@ -478,34 +465,126 @@ async def test_interactions_actions_and_user_parts_render(
     image = user.locator(".part.attachment img")
     assert await image.evaluate("(img) => img.complete && img.naturalWidth") == 1
 
-    # With a client that has respond() (which the JS client is to get), the
-    # buttons send the decision; a refusal is shown beside them.
-    async def with_respond(route: "Route") -> None:
-        response = await route.fetch()
-        await route.fulfill(response=response, body=await response.text() + RESPOND)
-
-    await page.route("**/web/client/index.js", with_respond)
-    await open_chat(page, live_server.url, session_id)
-    interaction = page.locator('.part[data-type="interaction"]')
-    await interaction.locator('button[data-decision="deny"]').click()
+    # The seed's interaction is no approval the service holds (its id is not even an
+    # interaction id): a decision is refused, the refusal is shown beside the
+    # buttons, and they stay usable.
+    refused = await api.post(
+        f"/v1/sessions/{session_id}/interactions/interaction_1",
+        json={"decision": "approve"},
+    )
+    problem = assert_problem(refused, 400, code="invalid_id")
+    await interaction.locator('button[data-decision="approve"]').click()
     await interaction.locator(".error-text").wait_for()
     assert await interaction.locator(".error-text").text_content() == (
-        "Not sent: refused here"
+        f"Not sent: 400 {problem['title']}: {problem['detail']}"
     )
-    await interaction.locator('button[data-decision="approve"]').click()
-    await page.wait_for_function("() => window.responded?.length === 2")
-    assert await page.evaluate("() => window.responded") == [
-        {"id": "interaction_1", "body": {"decision": "deny"}},
-        {"id": "interaction_1", "body": {"decision": "approve"}},
+    assert await buttons.evaluate_all("(bs) => bs.map((b) => b.disabled)") == [
+        False,
+        False,
     ]
-    assert await interaction.locator(".error-text").count() == 0
+    assert await interaction.get_attribute("data-status") == "pending"
+
+
+# ---- approvals -----------------------------------------------------------------------
+
+# The scripted model's built-in tool, asking before it runs.
+GUARDED = {
+    "type": "builtin",
+    "name": "lookup",
+    "description": "Look something up",
+    "parameters": {"type": "object"},
+    "policy": "requires_approval",
+}
+ASK = '/scenario call lookup {"query": "tea"}'
+
+
+async def ask_for_approval(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> tuple[str, "Locator"]:
+    """A session whose tool needs approval, open in the page, whose turn has asked
+    for it: the session's id and the pending interaction as the page shows it."""
+    created = await api.post(
+        "/v1/sessions",
+        json={"title": "approvals", "tools": [GUARDED], "approval_mode": "ask"},
+    )
+    assert created.status_code == 201, created.text
+    session_id: str = created.json()["id"]
+    await open_chat(page, live_server.url, session_id)
+    await send(page, ASK)
+    interaction = page.locator('#list .part[data-type="interaction"]')
+    await interaction.locator("button[data-decision]").first.wait_for()
+    # What the page shows is the approval the API lists: pending, its tool waiting.
+    listed = await api.get(
+        f"/v1/sessions/{session_id}/interactions", params={"status": "pending"}
+    )
+    (pending,) = listed.json()["data"]
+    shown_id = await interaction.get_attribute("data-interaction-id")
+    assert shown_id == pending["interaction_id"]
+    assert await interaction.get_attribute("data-status") == "pending"
+    tool = page.locator('#list .part[data-type="tool_call"]')
+    assert await tool.get_attribute("data-status") == "awaiting_approval"
     buttons = interaction.locator("button[data-decision]")
-    assert await buttons.evaluate_all(
-        "(bs) => bs.map((b) => [b.disabled, b.title])"
-    ) == [
-        [False, ""],
-        [False, ""],
+    assert await buttons.evaluate_all("(bs) => bs.map((b) => b.disabled)") == [
+        False,
+        False,
     ]
+    await wait_converged(page, api, session_id, open_ok=True)
+    return session_id, interaction
+
+
+async def decided(
+    page: "Page", api: httpx.AsyncClient, session_id: str, status: str
+) -> list[dict[str, Any]]:
+    """Waits until the page shows the finished turn as the API lists it; checks that
+    the interaction shows `status`, without buttons, as the API has it; the
+    messages shown."""
+    shown = await wait_converged(page, api, session_id)
+    await wait_idle(api, session_id)
+    assert [m["role"] for m in shown] == ["user", "agent"]
+    interaction = page.locator('#list .part[data-type="interaction"]')
+    assert await interaction.get_attribute("data-status") == status
+    assert await interaction.locator("button").count() == 0
+    assert await interaction.locator(".error-text").count() == 0
+    listed = await api.get(f"/v1/sessions/{session_id}/interactions")
+    assert [i["status"] for i in listed.json()["data"]] == [status]
+    return shown
+
+
+async def test_approve_runs_the_tool_and_the_turn_completes(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id, interaction = await ask_for_approval(page, live_server, api)
+    await interaction.locator('button[data-decision="approve"]').click()
+    shown = await decided(page, api, session_id, "approved")
+    assert shown[1]["text"].endswith(
+        'The lookup tool returned {"query": "tea", "answer": 42}.'
+    )
+    tool = page.locator('#list .part[data-type="tool_call"]')
+    assert await tool.get_attribute("data-status") == "completed"
+    assert json.loads(
+        (await tool.locator(".tool-result pre").text_content()) or ""
+    ) == {"query": "tea", "answer": 42}
+    assert json.loads(
+        (await page.locator('#list .part[data-type="interaction"] pre').text_content())
+        or ""
+    ) == {"decision": "approve"}
+
+
+async def test_deny_fails_the_tool_and_the_model_answers_so(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id, interaction = await ask_for_approval(page, live_server, api)
+    await interaction.locator('button[data-decision="deny"]').click()
+    shown = await decided(page, api, session_id, "denied")
+    # The page sends no reason: the model sees the denial alone.
+    assert shown[1]["text"].endswith(
+        "The lookup tool failed: The user denied this tool call"
+    )
+    tool = page.locator('#list .part[data-type="tool_call"]')
+    assert await tool.get_attribute("data-status") == "failed"
+    assert (await tool.locator(".tool-result .error-text").text_content()) == (
+        "The user denied this tool call"
+    )
 
 
 # ---- escaping ----------------------------------------------------------------------------

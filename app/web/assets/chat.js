@@ -33,7 +33,7 @@ let unavailable = false;
 // so a retry the service did receive is not stored twice.
 let attempt;
 
-const list = new MessageList($("#list"), { respond: undefined });
+const list = new MessageList($("#list"), { respond });
 
 function notice(text) {
   $("#notice").textContent = text ?? "";
@@ -148,17 +148,21 @@ async function stop() {
   }
 }
 
+/** Approve / Deny: the decision goes to the service; what it changes (the tool runs or
+ * fails, the turn goes on) arrives through the live view. */
 async function respond(interactionId, decision) {
   const context = list.context;
   context.responding.add(interactionId);
   context.failures.delete(interactionId);
   list.render(view.messages, { force: true });
   try {
+    // Once decided, the buttons stay disabled until the part's new status arrives
+    // (which removes them): a second click would only be refused.
     await session.respond(interactionId, { decision });
   } catch (error) {
+    context.responding.delete(interactionId);
     context.failures.set(interactionId, `Not sent: ${describe(error)}`);
   } finally {
-    context.responding.delete(interactionId);
     list.render(view.messages, { force: true });
   }
 }
@@ -196,8 +200,6 @@ async function open() {
     }
   }
   notice("");
-  // Approve/Deny work once the client can send a decision (the Interactions API).
-  list.context.respond = typeof session.respond === "function" ? respond : undefined;
   view = new SyncView(session, { limit, include_internal: false, onChange: scheduleRender });
   scheduleRender();
   textBox.focus();

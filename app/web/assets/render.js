@@ -144,7 +144,7 @@ function interactionPart(part, context) {
   if (part.response !== undefined && part.response !== null) nodes.push(el("pre", { text: json(part.response) }));
   if (OPEN_INTERACTIONS.has(status)) {
     const id = String(part.interaction_id ?? "");
-    const available = typeof context.respond === "function";
+    // Disabled once a decision is sent (until it is refused): one click, one decision.
     const busy = context.responding.has(id);
     const button = (decision, text) =>
       el("button", {
@@ -152,8 +152,7 @@ function interactionPart(part, context) {
         class: `decide ${decision}`,
         dataset: { decision },
         text,
-        disabled: !available || busy,
-        title: available ? undefined : "Approvals are not available on this server",
+        disabled: busy,
         onclick: () => context.respond(id, decision),
       });
     nodes.push(el("div", { class: "actions" }, button("approve", "Approve"), button("deny", "Deny")));

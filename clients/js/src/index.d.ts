@@ -114,6 +114,44 @@ export interface TurnResult {
   messages?: Message[];
   error?: { code: string; message: string };
 }
+/** A result of a client-side tool call, for `submitToolResults()`. */
+export interface ToolResult {
+  /** The `id` of the `tool_call` part (and of `tool.call_requested`'s call). */
+  tool_call_id: string;
+  /** What the tool returned (any JSON). */
+  result?: unknown;
+  /** Why the tool failed; the model sees it. */
+  error?: string;
+}
+/** `submitToolResults()`: how many results were stored, and the session's status then. */
+export interface ToolResultsAnswer {
+  accepted: number;
+  /** `waitingfortoolresults` while other calls of the step still wait, else `active`. */
+  status: "waitingfortoolresults" | "active" | string;
+}
+export type InteractionStatus = "pending" | "approved" | "denied" | "cancelled";
+/** An approval the model's tool call waits for (or waited for). */
+export interface Interaction {
+  interaction_id: string;
+  interaction_type: "approval" | string;
+  status: InteractionStatus;
+  /** The agent message whose `interaction` part it is. */
+  message_id: string;
+  tool_call_id?: string | null;
+  request?: {
+    tool_call?: { id: string; name: string; arguments: Record<string, unknown> };
+    [key: string]: unknown;
+  } | null;
+  response?: { decision: "approve" | "deny"; reason?: string; [key: string]: unknown } | null;
+  resolved_at?: string | null;
+  cancel_reason?: "turn_stopped" | "session_disposed" | "runtime_interrupted" | null;
+  [key: string]: unknown;
+}
+export interface Decision {
+  decision: "approve" | "deny";
+  /** Why; a denial's reason is what the model sees. */
+  reason?: string;
+}
 /** The server cannot continue from the cursor: reload snapshots. */
 export interface ResetMutation {
   type: "reset";
@@ -272,6 +310,14 @@ export class Session {
     options?: SendOptions & { timeout_ms?: number },
   ): Promise<TurnResult>;
   cancel(options?: Signal): Promise<{ status: "cancelled" | "no_op"; message: string }>;
+  /** `POST .../tool-results`: answers client-side tool calls; a 409
+   * `not_waiting_for_tool_results` when nothing waits. */
+  submitToolResults(results: ToolResult[], options?: Signal): Promise<ToolResultsAnswer>;
+  /** `GET .../interactions`: the session's approvals, oldest first. */
+  interactions(options?: { status?: InteractionStatus } & Signal): Promise<Interaction[]>;
+  /** `POST .../interactions/{id}`: approves or denies a pending approval; a 409
+   * `interaction_resolved` when it was decided or cancelled before. */
+  respond(interactionId: string, decision: Decision & Signal): Promise<Interaction>;
   subscribe(handler: (mutation: Mutation) => void, options?: SubscribeOptions): Subscription;
   /** Resolves once the first snapshot is shown. */
   sync(options?: SyncOptions): Promise<SyncView>;

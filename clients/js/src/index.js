@@ -1,5 +1,6 @@
 // The evermirror client: the seed's session surface (`messages()`, `subscribe()`,
-// `sync()`) over the service's HTTP API, on `fetch` alone, for browsers and Node >= 18.
+// `sync()`), tool results and approvals over the service's HTTP API, on `fetch` alone,
+// for browsers and Node >= 18.
 
 import {
   EvermirrorError,
@@ -181,6 +182,37 @@ export class Session {
   /** Stops the running turn: `{status: "cancelled" | "no_op", message}`. */
   cancel({ signal } = {}) {
     return this.client.request("POST", this.path("/cancel"), { signal });
+  }
+
+  /**
+   * Answers client-side tool calls (the session is `waitingfortoolresults`):
+   * `[{tool_call_id, result?, error?}]`. Resolves with `{accepted, status}`; a 409
+   * `not_waiting_for_tool_results` when nothing waits.
+   */
+  submitToolResults(results, { signal } = {}) {
+    const body = { tool_results: results };
+    return this.client.request("POST", this.path("/tool-results"), { body, signal });
+  }
+
+  /** The session's interactions (approvals), oldest first; `status` filters them. */
+  async interactions({ status, signal } = {}) {
+    const page = await this.client.request("GET", this.path("/interactions"), {
+      query: { status },
+      signal,
+    });
+    return page.data;
+  }
+
+  /**
+   * Approves or denies a pending approval: `{decision: "approve" | "deny", reason?}`
+   * (a denial's reason is what the model sees). Resolves with the interaction as
+   * decided; a 409 `interaction_resolved` when it was decided or cancelled before.
+   */
+  respond(interactionId, { decision, reason, signal } = {}) {
+    const body = { decision };
+    if (reason !== undefined) body.reason = reason;
+    const path = this.path(`/interactions/${encodeURIComponent(interactionId)}`);
+    return this.client.request("POST", path, { body, signal });
   }
 
   /**
