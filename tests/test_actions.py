@@ -23,6 +23,7 @@ from tests.helpers import (
     wait_idle,
     wait_until,
 )
+from tests.sse_client import Frame, open_stream
 from tests.test_approvals import ASK, GUARDED, decide, first_pending, guarded_session
 from tests.test_catalog import LARGE, models_file
 
@@ -215,6 +216,33 @@ async def test_a_change_mid_step_keeps_the_step_whole(
             ]
             assert text_of(final) == "".join(f"chunk{i} " for i in range(120))
             assert final["revision"] == joined["revision"] + 1
+
+            # Title and model changes are `session` Mutations, replayed from the log.
+            await patch(api, session_id, title="renamed", model_id=SCRIPTED)
+            url = f"/v1/sessions/{session_id}/messages/stream"
+            async with open_stream(api, url, params={"after": "0"}) as stream:
+                assert stream.status_code == 200
+                changes: list[dict[str, Any]] = []
+
+                def both(frame: Frame) -> bool:
+                    if frame.event == "session":
+                        changes.append(frame.json())
+                    return sum("status" not in c for c in changes) == 2
+
+                await stream.until(both, within=5)
+            assert [
+                {k: v for k, v in c.items() if k in ("title", "model_id")}
+                for c in changes
+                if "status" not in c
+            ] == [{"title": "renamed"}, {"model_id": SCRIPTED}]
+            sse = await api.get(
+                f"/v1/sessions/{session_id}/events",
+                params={"types": ["session.title.updated", "session.model.changed"]},
+            )
+            assert [e["type"] for e in sse.json()["data"]] == [
+                "session.title.updated",
+                "session.model.changed",
+            ]
     finally:
         server.stop()
 
