@@ -235,7 +235,7 @@ def create_app(settings: Settings | None = None) -> Service:
             send_timeout_seconds=settings.sse_send_timeout_seconds,
         )
         runner = TurnRunner(
-            settings=settings, database=database, bus=bus, catalog=catalog
+            settings=settings, database=database, reads=reads, bus=bus, catalog=catalog
         )
         keys = KeyResolver(
             database,

@@ -16,7 +16,9 @@ from typing import Any, ClassVar
 import aiosqlite
 import asyncpg
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
+from app.db.writes import PG_UNAVAILABLE
 from app.schemas import MAX_INT32
 from app.settings import Settings
 
@@ -76,6 +78,14 @@ def _message_sql(p: Sequence[str]) -> str:
     )
 
 
+def _turn_watch_sql(p: Sequence[str]) -> str:
+    return (
+        "SELECT cancel_requested_at IS NOT NULL,"
+        f" (SELECT revision FROM messages WHERE id = {p[1]})"
+        f" FROM sessions WHERE id = {p[0]}"
+    )
+
+
 def _upto(before_sequence: int | None) -> int:
     # Sequences are int32: the highest one a page may hold.
     return MAX_INT32 if before_sequence is None else before_sequence - 1
@@ -97,6 +107,7 @@ class Reads:
         self._pages = {flag: _page_sql(flag, p, self.nulls) for flag in (False, True)}
         self._message = _message_sql(p)
         self._head = _head_sql(p)
+        self._turn_watch = _turn_watch_sql(p)
 
     async def start(self) -> None:
         return None
@@ -157,6 +168,19 @@ class Reads:
         records = await self._fetch(self._head, self._bind(session_id))
         return _head(records[0], self._uuid) if records else None
 
+    async def turn_watch(
+        self, session_id: uuid.UUID, message_id: uuid.UUID
+    ) -> tuple[bool, int | None]:
+        """What a running turn checks on every wake-up of its session: whether a
+        cancel was requested, and the stored revision of its streaming message (None:
+        the session or the message is gone)."""
+        records = await self._fetch(
+            self._turn_watch, self._bind(session_id), self._bind(message_id)
+        )
+        if not records:
+            return False, None
+        return bool(records[0][0]), records[0][1]
+
 
 async def _noop_reset(_conn: asyncpg.Connection) -> None:
     # The pool's default reset is a round trip per release (RESET ALL, UNLISTEN ...);
@@ -212,8 +236,13 @@ class PgReads(Reads):
 
     async def _fetch(self, sql: str, *args: Any) -> Sequence[Sequence[Any]]:
         assert self._pool is not None
-        async with self._pool.acquire() as conn:
-            records: list[asyncpg.Record] = await conn.fetch(sql, *args)
+        try:
+            async with self._pool.acquire() as conn:
+                records: list[asyncpg.Record] = await conn.fetch(sql, *args)
+        except PG_UNAVAILABLE as exc:
+            # What every caller already treats as "the database is unavailable":
+            # a 503 on a request, a retry in the runner.
+            raise OperationalError(sql, None, exc, connection_invalidated=True) from exc
         return records
 
 

@@ -27,6 +27,7 @@ from app import wire
 from app.catalog.registry import Catalog, Model
 from app.db import models
 from app.db.dialect import Regain, create_leases
+from app.db.reads import Reads
 from app.db.session import Database
 from app.db.types import utcnow
 from app.db.writes import LockedSession, MessageRow, StaleMessage, Write
@@ -253,6 +254,7 @@ class TurnRunner:
         *,
         settings: Settings,
         database: Database,
+        reads: Reads,
         bus: Bus,
         catalog: Catalog | None = None,
     ) -> None:
@@ -261,6 +263,9 @@ class TurnRunner:
         # context size); None: the driver's own model and MODEL_CONTEXT_TOKENS.
         self.catalog = catalog
         self.database = database
+        # Single-statement reads on the driver (app/db/reads.py): what a turn polls
+        # on every wake-up of its session.
+        self.reads = reads
         self.bus = bus
         # Set by the application when metrics are on.
         self.metrics: Metrics | None = None
@@ -1206,32 +1211,14 @@ class TurnRunner:
             await watch.wait()
             watch.clear()
             cancelled, revision = await self._retrying(
-                functools.partial(self._step_news, step)
+                functools.partial(
+                    self.reads.turn_watch, step.session_id, step.message_id
+                )
             )
             if cancelled:
                 return
             if revision is not None and revision > step.revision:
                 await self._rebase(turn, step)
-
-    async def _step_news(self, step: LiveStep) -> tuple[bool, int | None]:
-        """Whether a cancel was requested, and the stored revision of the step's
-        message, in one read."""
-        revision = (
-            select(models.Message.revision)
-            .where(models.Message.id == step.message_id)
-            .scalar_subquery()
-        )
-        async with self.database.statements() as conn:
-            row = (
-                await conn.execute(
-                    select(models.Session.cancel_requested_at, revision).where(
-                        models.Session.id == step.session_id
-                    )
-                )
-            ).one_or_none()
-        if row is None:
-            return False, None
-        return row[0] is not None, row[1]
 
     async def _rebase(self, turn: TurnProgress, step: LiveStep) -> None:
         """An Action was committed to the message while this step streams: the step's
