@@ -26,7 +26,7 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def _is_json(content_type: str) -> bool:
+def is_json(content_type: str) -> bool:
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (
         media.startswith("application/") and media.endswith("+json")
@@ -58,7 +58,7 @@ class BodyGuardMiddleware:
         has_body = (length is not None and length != "0") or _header(
             scope, b"transfer-encoding"
         ) is not None
-        if has_body and (content_type is None or not _is_json(content_type)):
+        if has_body and (content_type is None or not is_json(content_type)):
             response = problem_response(
                 415,
                 detail="Request bodies must be JSON (Content-Type: application/json)",
@@ -233,6 +233,9 @@ class RateLimiter:
         )
 
 
+# Set on the scope of a request the hot path already counted and then passed on.
+COUNTED = "evermirror.rate_counted"
+
 # Probes: an orchestrator polling them must never be refused.
 UNLIMITED_PATHS = frozenset({"/health", "/ready"})
 
@@ -245,7 +248,11 @@ class RateLimitMiddleware:
         self.limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in UNLIMITED_PATHS:
+        if (
+            scope["type"] != "http"
+            or scope.get("path") in UNLIMITED_PATHS
+            or scope.get(COUNTED)
+        ):
             await self.app(scope, receive, send)
             return
         refusal = await self.limiter.refusal(scope)

@@ -1,29 +1,35 @@
 """The hot routes, served in front of FastAPI's middleware, routing and dependency
 machinery (under `/v1` and `/api/v1`): `GET /sessions/{id}/messages`,
-`GET .../messages/{id}`, and the two streams, `GET .../sse` and
+`GET .../messages/{id}`, the two streams, `GET .../sse` and
 `GET .../messages/stream`, whose long-lived connections then hold no per-request
-framework state.
+framework state, and `POST /sessions/{id}/messages` (the write every turn begins with).
 
 A request is served here only when everything about it is plain: a well-formed id, a
 query of known parameters in canonical form, a caller whose organization is already
 known (open mode or a cached key), no CORS to apply. Anything else, and any session
 this process cannot find, goes on to FastAPI, which answers it (errors included)
-exactly as the OpenAPI contract says. Both paths run the same service functions, so
-they answer the same bytes; what this path does itself is what the middleware would:
+exactly as the OpenAPI contract says. A POST is served here only when its body is
+valid JSON that the request model accepts and the service stores it; a body the model
+refuses, or a refusal of the service (which writes nothing), goes on to FastAPI with
+the body read here, and FastAPI answers it as it would have. Both paths run the same
+service functions, so they answer the same bytes; what this path does itself is what the middleware would:
 an `X-Request-Id` (the caller's, if valid), the rate limit, and problem+json for a
 failure. It sets the request and session ids as the context of log lines only while
 uvicorn writes access lines (`tag_logs`): otherwise nothing here logs but a failure,
 which names its request itself.
 """
 
+import json
 import re
 import time
 import uuid
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
-from starlette.types import Receive, Scope, Send
+from pydantic import ValidationError
+from starlette.types import Message, Receive, Scope, Send
 
+from app import guards
 from app.auth import Caller
 from app.errors import (
     AppError,
@@ -35,7 +41,7 @@ from app.errors import (
 from app.guards import RateLimiter
 from app.live import service as live_service
 from app.live.response import EventStreamResponse
-from app.messages import service
+from app.messages import schemas, service
 from app.metrics import Metrics
 from app.ops import logs
 from app.schemas import MAX_INT32
@@ -89,10 +95,11 @@ class Hot:
     """One request on the hot path: its id, whether its answer has started, and what
     the metrics record of it."""
 
-    __slots__ = ("id", "id_header", "metrics", "route", "start", "started")
+    __slots__ = ("id", "id_header", "method", "metrics", "route", "start", "started")
 
-    def __init__(self, request_id: str, metrics: Metrics | None) -> None:
+    def __init__(self, request_id: str, metrics: Metrics | None, method: str) -> None:
         self.id = request_id
+        self.method = method
         self.id_header = (b"x-request-id", request_id.encode())
         self.started = False
         self.metrics = metrics
@@ -103,7 +110,7 @@ class Hot:
         """The answer's status is known (for a stream: it opens)."""
         if self.metrics is not None:
             self.metrics.request(
-                self.route, "GET", status, time.perf_counter() - self.start
+                self.route, self.method, status, time.perf_counter() - self.start
             )
 
     def adopt(self, value: bytes) -> None:
@@ -146,16 +153,21 @@ class HotRoutes:
         # when full.
         self.queries: dict[bytes, service.PageQuery | None] = {}
 
-    async def serve(self, scope: Scope, receive: Receive, send: Send) -> bool:
-        """Answer an HTTP request if it is a plain hot request; False to pass it on
-        (before anything was sent)."""
-        if self.state is None or scope["method"] != "GET":
-            return False
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        """Answer an HTTP request if it is a plain hot request (None). Otherwise, with
+        nothing sent, the `receive` FastAPI must read the request from: the server's,
+        or a replay of the body read here."""
+        method = scope["method"]
+        if self.state is None or method not in ("GET", "POST"):
+            return receive
         if self.cors and any(name == b"origin" for name, _ in scope["headers"]):
-            return False
-        request = Hot(next_request_id(), self.metrics)
+            return receive
+        request = Hot(next_request_id(), self.metrics, method)
         try:
-            return await self._serve(self.state, request, scope, receive, send)
+            if method == "POST":
+                return await self._post(self.state, request, scope, receive, send)
+            answered = await self._serve(self.state, request, scope, receive, send)
+            return None if answered else receive
         except Exception as exc:
             if request.started:
                 raise
@@ -163,7 +175,92 @@ class HotRoutes:
             request.done(response.status_code)
             response.raw_headers.append(request.id_header)
             await response(scope, receive, send)
-            return True
+            return None
+
+    async def _post(
+        self,
+        state: "AppState",
+        request: "Hot",
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> Receive | None:
+        """`POST /sessions/{id}/messages` without a query (`?wait=true` is FastAPI's),
+        with a declared JSON body within the size cap."""
+        parts = scope["path"].split("/")
+        if len(parts) > 1 and parts[1] == "api":
+            del parts[1]
+        if (
+            len(parts) != 5
+            or parts[1] != "v1"
+            or parts[2] != "sessions"
+            or parts[4] != "messages"
+            or scope["query_string"]
+            or scope.get("root_path")
+            or not SESSION_ID.match(parts[3])
+        ):
+            return receive
+        authorization = content_type = length = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+            elif name == b"content-type":
+                content_type = value.decode("latin-1")
+            elif name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                return receive
+            elif name == b"x-request-id":
+                request.adopt(value)
+        settings = state.settings
+        if (
+            content_type is None
+            or not guards.is_json(content_type)
+            or length is None
+            or not length.isdigit()
+            or int(length) > settings.max_body_bytes
+        ):
+            return receive
+        caller = state.keys.cached(authorization)
+        if caller is None:
+            return receive
+        if self.tag_logs:
+            logs.REQUEST_ID.set(request.id)
+            logs.SESSION_ID.set(parts[3])
+        request.route = PAGE_ROUTE
+        if self.limiter is not None:
+            refusal = self.limiter.refusal_for(scope, caller)
+            if refusal is not None:
+                request.done(refusal.status_code)
+                refusal.raw_headers.append(request.id_header)
+                request.started = True
+                await refusal(scope, receive, send)
+                return None
+        scope[guards.COUNTED] = True
+        body = await _read_body(receive, int(length))
+        if body is None:
+            return None  # the client went away
+        replay = _replay(body, receive)
+        try:
+            # Parsed as FastAPI parses it (Starlette's `json.loads`): orjson reads
+            # some numbers differently (an integer past 64 bits as a float).
+            data = schemas.MessageCreate.model_validate(json.loads(body))
+            guards.check_message(data, settings)
+            if data.controls is not None:
+                state.catalog.require(data.controls.model_id, "controls.model_id")
+            async with state.database.write() as db:
+                answer = await service.create_message(
+                    db,
+                    organization_id=caller.organization_id,
+                    session_id=uuid.UUID(hex=parts[3][8:]),
+                    data=data,
+                    admission=state.admission,
+                )
+        except (ValueError, ValidationError, AppError):
+            # Refused, and nothing was written: FastAPI's answer is the contract's.
+            return replay
+        await request.send(send, 201, [JSON_HEADER], answer)
+        return None
 
     async def _serve(
         self,
@@ -287,6 +384,33 @@ class HotRoutes:
         else:
             await request.send(send, 200, [etag_header, JSON_HEADER], page)
         return True
+
+
+async def _read_body(receive: Receive, length: int) -> bytes | None:
+    """The request body (None if the client disconnected). Bounded: the server ends
+    the body at its declared `Content-Length`, which the caller checked."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """`receive` for FastAPI, starting with the body already read."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def _stream_query(

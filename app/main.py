@@ -114,17 +114,20 @@ class Service(FastAPI):
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
+        if hot is not None and scope["path"] != "/metrics":
+            # Answered on the hot path, or passed on with what FastAPI must read.
+            passed = await hot.serve(scope, receive, send)
+            if passed is None:
+                return
+            receive = passed
         if metrics is None:
-            if hot is None or not await hot.serve(scope, receive, send):
-                await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send)
             return
         if scope["path"] == "/metrics" and self.metrics_here:
             await answer_metrics(metrics, scope, receive, send)
             return
         # The hot routes time themselves; FastAPI's are timed to their response start,
         # labelled with the route template the router matched.
-        if hot is not None and await hot.serve(scope, receive, send):
-            return
         start = time.perf_counter()
 
         async def timed(message: Message) -> None:

@@ -270,3 +270,59 @@ async def test_a_warm_newest_page_and_message_cost_no_database_read(
     before = first.json()["data"][-1]["sequence"]
     assert (await client.get(f"{url}?before_sequence={before}")).status_code == 200
     assert reads == ["page"]
+
+
+async def test_hot_and_routed_posts_answer_alike(client: httpx.AsyncClient) -> None:
+    """`POST .../messages` without a query is answered in front of FastAPI; with one
+    (`?wait=false`) by the route. Same status, headers and fields; a refusal on the
+    hot path is FastAPI's answer, and writes nothing."""
+    sid = await create_session(client, "hot posts")
+    url = f"/v1/sessions/{sid}/messages"
+
+    def body(key: str, text: str = "hello") -> dict[str, object]:
+        return {
+            "client_message_id": key,
+            "message": {"content": [{"type": "text", "text": text}]},
+        }
+
+    hot = await client.post(url, json=body("one"))
+    await wait_idle(client, sid)
+    routed = await client.post(url, params={"wait": "false"}, json=body("two"))
+    await wait_idle(client, sid)
+    assert hot.status_code == routed.status_code == 201
+    assert hot.headers["content-type"] == routed.headers["content-type"]
+    first, second = hot.json(), routed.json()
+    assert sorted(first) == sorted(second)
+    assert (first["delivery"], second["delivery"]) == ("started", "started")
+    assert first["sequence"] < second["sequence"]
+    assert hot.headers["x-request-id"] != routed.headers["x-request-id"]
+    # The same message again: the stored one, `duplicate`, on either path.
+    for params in ({}, {"wait": "false"}):
+        again = await client.post(url, params=params, json=body("one"))
+        assert again.status_code == 201
+        assert (again.json()["id"], again.json()["delivery"]) == (
+            first["id"],
+            "duplicate",
+        )
+    # Refusals: the same problem from both paths (the hot one hands the body on).
+    for refused, status in (
+        (body("one", "other text"), 409),
+        ({"message": {"content": []}}, 422),
+        ({"message": "nope"}, 422),
+    ):
+        answers = [
+            await client.post(url, params=params, json=refused)
+            for params in ({}, {"wait": "false"})
+        ]
+        assert [a.status_code for a in answers] == [status, status]
+        assert answers[0].json() == answers[1].json()
+    raw = await client.post(
+        url, content=b'{"message": ', headers={"content-type": "application/json"}
+    )
+    assert raw.status_code == 400  # FastAPI: malformed JSON
+    missing = f"/v1/sessions/session_{'0' * 32}/messages"
+    gone = await client.post(missing, json=body("three"))
+    assert gone.status_code == 404
+    assert gone.json()["code"] == "session_not_found"
+    listed = (await client.get(url)).json()["data"]
+    assert [m["role"] for m in listed] == ["user", "agent", "user", "agent"]
