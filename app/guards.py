@@ -33,6 +33,20 @@ def is_json(content_type: str) -> bool:
     )
 
 
+def replay(body: bytes, receive: Receive) -> Receive:
+    """`receive` for the application, starting with a body already read."""
+    replayed = False
+
+    async def replayed_receive() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed_receive
+
+
 class BodyGuardMiddleware:
     """413 for bodies over `max_body_bytes` (declared or streamed), 415 for a body that is
     not JSON. Runs before routing, so nothing downstream ever sees such a request."""
@@ -83,17 +97,7 @@ class BodyGuardMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replay(b"".join(chunks), receive), send)
 
     async def _too_large(
         self, scope: Scope, receive: Receive, send: Send, path: str | None

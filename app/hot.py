@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
 from pydantic import ValidationError
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from app import guards
 from app.auth import Caller
@@ -177,6 +177,32 @@ class HotRoutes:
             await response(scope, receive, send)
             return None
 
+    def _tag(self, request: "Hot", session: str) -> None:
+        if self.tag_logs:
+            # The request's own task: the context ends with it.
+            logs.REQUEST_ID.set(request.id)
+            logs.SESSION_ID.set(session)
+
+    async def _refused(
+        self,
+        request: "Hot",
+        caller: Caller,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> bool:
+        """Answer 429 if the rate limiter refuses the caller."""
+        if self.limiter is None:
+            return False
+        refusal = self.limiter.refusal_for(scope, caller)
+        if refusal is None:
+            return False
+        request.done(refusal.status_code)
+        refusal.raw_headers.append(request.id_header)
+        request.started = True
+        await refusal(scope, receive, send)
+        return True
+
     async def _post(
         self,
         state: "AppState",
@@ -187,17 +213,12 @@ class HotRoutes:
     ) -> Receive | None:
         """`POST /sessions/{id}/messages` without a query (`?wait=true` is FastAPI's),
         with a declared JSON body within the size cap."""
-        parts = scope["path"].split("/")
-        if len(parts) > 1 and parts[1] == "api":
-            del parts[1]
+        parts = _session_path(scope)
         if (
-            len(parts) != 5
-            or parts[1] != "v1"
-            or parts[2] != "sessions"
+            parts is None
+            or len(parts) != 5
             or parts[4] != "messages"
             or scope["query_string"]
-            or scope.get("root_path")
-            or not SESSION_ID.match(parts[3])
         ):
             return receive
         authorization = content_type = length = None
@@ -224,23 +245,15 @@ class HotRoutes:
         caller = state.keys.cached(authorization)
         if caller is None:
             return receive
-        if self.tag_logs:
-            logs.REQUEST_ID.set(request.id)
-            logs.SESSION_ID.set(parts[3])
+        self._tag(request, parts[3])
         request.route = PAGE_ROUTE
-        if self.limiter is not None:
-            refusal = self.limiter.refusal_for(scope, caller)
-            if refusal is not None:
-                request.done(refusal.status_code)
-                refusal.raw_headers.append(request.id_header)
-                request.started = True
-                await refusal(scope, receive, send)
-                return None
+        if await self._refused(request, caller, scope, receive, send):
+            return None
         scope[guards.COUNTED] = True
         body = await _read_body(receive, int(length))
         if body is None:
             return None  # the client went away
-        replay = _replay(body, receive)
+        replay = guards.replay(body, receive)
         try:
             # Parsed as FastAPI parses it (Starlette's `json.loads`): orjson reads
             # some numbers differently (an integer past 64 bits as a float).
@@ -270,17 +283,12 @@ class HotRoutes:
         receive: Receive,
         send: Send,
     ) -> bool:
-        parts = scope["path"].split("/")
-        if len(parts) > 1 and parts[1] == "api":
-            del parts[1]
+        parts = _session_path(scope)
         # ['', 'v1', 'sessions', <id>, 'messages' | 'sse'(, <message id> | 'stream')]
         if (
-            len(parts) not in (5, 6)
-            or parts[1] != "v1"
-            or parts[2] != "sessions"
+            parts is None
+            or len(parts) not in (5, 6)
             or parts[4] not in ("messages", "sse")
-            or scope.get("root_path")
-            or not SESSION_ID.match(parts[3])
         ):
             return False
         authorization = if_none_match = last_event_id = None
@@ -293,22 +301,13 @@ class HotRoutes:
                 last_event_id = value.decode("latin-1")
             elif name == b"x-request-id":
                 request.adopt(value)
-        if self.tag_logs:
-            # The request's own task: the context ends with it.
-            logs.REQUEST_ID.set(request.id)
-            logs.SESSION_ID.set(parts[3])
+        self._tag(request, parts[3])
         caller = state.keys.cached(authorization)
         if caller is None:
             return False
         org = caller.organization_id
-        if self.limiter is not None:
-            refusal = self.limiter.refusal_for(scope, caller)
-            if refusal is not None:
-                request.done(refusal.status_code)
-                refusal.raw_headers.append(request.id_header)
-                request.started = True
-                await refusal(scope, receive, send)
-                return True
+        if await self._refused(request, caller, scope, receive, send):
+            return True
         session_id = uuid.UUID(hex=parts[3][8:])
         if parts[4] == "sse" or parts[-1] == "stream":
             if len(parts) == 5 and parts[4] == "sse":
@@ -399,18 +398,21 @@ async def _read_body(receive: Receive, length: int) -> bytes | None:
             return b"".join(chunks)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """`receive` for FastAPI, starting with the body already read."""
-    replayed = False
-
-    async def replay() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
+def _session_path(scope: Scope) -> list[str] | None:
+    """The path's segments, `/api` dropped, when it is `/v1/sessions/<well-formed id>`
+    or below it (and the app is not mounted under a root path)."""
+    parts: list[str] = scope["path"].split("/")
+    if len(parts) > 1 and parts[1] == "api":
+        del parts[1]
+    if (
+        len(parts) < 4
+        or parts[1] != "v1"
+        or parts[2] != "sessions"
+        or scope.get("root_path")
+        or not SESSION_ID.match(parts[3])
+    ):
+        return None
+    return parts
 
 
 def _stream_query(

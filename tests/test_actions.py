@@ -11,8 +11,7 @@ import httpx
 
 from app.catalog.registry import derived_id
 from app.settings import Settings
-from tests.conftest import Running, free_port, start_server
-from tests.fake_openai import FakeOpenAI
+from tests.conftest import Running, start_server
 from tests.helpers import (
     assert_problem,
     list_events,
@@ -25,7 +24,7 @@ from tests.helpers import (
 )
 from tests.sse_client import Frame, open_stream
 from tests.test_approvals import ASK, GUARDED, decide, first_pending, guarded_session
-from tests.test_catalog import LARGE, models_file
+from tests.test_catalog import LARGE, openai_entry_server
 
 SCRIPTED = derived_id("scripted", "scripted")
 
@@ -253,29 +252,7 @@ async def test_a_model_and_prompt_change_apply_from_the_next_step(
     """The first step runs on the scripted model and stops for an approval; the
     session then switches to the catalog's OpenAI entry and a system prompt. After
     the approval, the next step is the provider's request, with both."""
-    fake = FakeOpenAI(free_port()).start()
-    path = models_file(
-        tmp_path,
-        {
-            "models": [
-                {"id": SCRIPTED, "name": "offline", "driver": "scripted"},
-                {
-                    "id": LARGE,
-                    "name": "large",
-                    "driver": "openai",
-                    "provider_model": "fake-large-2026",
-                },
-            ]
-        },
-    )
-    server = start_server(
-        database_url,
-        tmp_path,
-        MODEL_DRIVER="scripted",
-        OPENAI_BASE_URL=fake.base_url,
-        MODELS_FILE=path,
-    )
-    try:
+    with openai_entry_server(database_url, tmp_path) as (server, fake):
         async with httpx.AsyncClient(base_url=server.url, timeout=10) as api:
             session_id = await guarded_session(api)
             await post_message(api, session_id, ASK)
@@ -300,6 +277,3 @@ async def test_a_model_and_prompt_change_apply_from_the_next_step(
             types = [e["type"] for e in await list_events(api, session_id)]
             assert "session.model.changed" in types
             assert types[-1] == "session.idled"
-    finally:
-        server.stop()
-        fake.stop()

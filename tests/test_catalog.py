@@ -3,6 +3,8 @@ against it (422 naming the field, nothing stored), `MODELS_FILE`, and the one-li
 start-up refusal of a bad one."""
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import pytest
 from app.catalog.registry import ConfigError, derived_id, load_catalog
 from app.settings import Settings
 from tests.conftest import (
+    Server,
     free_port,
     running_app,
     start_server,
@@ -149,12 +152,12 @@ async def test_the_server_refuses_to_start_with_a_bad_models_file_in_one_line(
     assert "Traceback" not in result.stderr
 
 
-async def test_a_catalog_entry_runs_on_its_own_driver(
+@contextmanager
+def openai_entry_server(
     database_url: str, tmp_path: Path
-) -> None:
-    """MODEL_DRIVER=scripted with an `openai` entry in the catalog: a message that
-    selects the entry is answered by that provider, under the entry's provider model
-    name; the others stay with the scripted model."""
+) -> Iterator[tuple[Server, FakeOpenAI]]:
+    """A server on MODEL_DRIVER=scripted whose catalog also lists an `openai` entry
+    (LARGE, `fake-large-2026`) answered by the OpenAI test server."""
     fake = FakeOpenAI(free_port()).start()
     path = models_file(
         tmp_path,
@@ -178,6 +181,19 @@ async def test_a_catalog_entry_runs_on_its_own_driver(
         MODELS_FILE=path,
     )
     try:
+        yield server, fake
+    finally:
+        server.stop()
+        fake.stop()
+
+
+async def test_a_catalog_entry_runs_on_its_own_driver(
+    database_url: str, tmp_path: Path
+) -> None:
+    """MODEL_DRIVER=scripted with an `openai` entry in the catalog: a message that
+    selects the entry is answered by that provider, under the entry's provider model
+    name; the others stay with the scripted model."""
+    with openai_entry_server(database_url, tmp_path) as (server, fake):
         async with httpx.AsyncClient(base_url=server.url, timeout=10) as api:
             created = await api.post("/v1/sessions", json={})
             sid = created.json()["id"]
@@ -199,9 +215,6 @@ async def test_a_catalog_entry_runs_on_its_own_driver(
             )
             assert text_of(echoed.json()["messages"][-1]) == "echo me"
             assert fake.for_text("echo me") == []
-    finally:
-        server.stop()
-        fake.stop()
 
 
 def test_an_openai_entry_needs_the_providers_address(tmp_path: Path) -> None:
