@@ -36,6 +36,7 @@ from tests.browser import (
 )
 from tests.conftest import ROOT, Server
 from tests.helpers import assert_problem, live_server_fixture, text_body
+from tests.test_approvals import ASK, GUARDED
 
 if TYPE_CHECKING:
     from playwright.async_api import Locator, Page
@@ -487,15 +488,8 @@ async def test_interactions_actions_and_user_parts_render(
 
 # ---- approvals -----------------------------------------------------------------------
 
-# The scripted model's built-in tool, asking before it runs.
-GUARDED = {
-    "type": "builtin",
-    "name": "lookup",
-    "description": "Look something up",
-    "parameters": {"type": "object"},
-    "policy": "requires_approval",
-}
-ASK = '/scenario call lookup {"query": "tea"}'
+# The scripted model's built-in tool, asking before it runs: GUARDED and ASK, as the
+# approvals tests use them.
 
 
 async def ask_for_approval(
