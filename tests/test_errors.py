@@ -592,6 +592,12 @@ BAD_QUERIES: list[tuple[str, Any, str | None]] = [
         {"exclude": "session.completed"},
         "exclude: unknown event type 'session.completed'",
     ),
+    # This service's live-only events are never in the log: not a filter of it.
+    (
+        "/v1/sessions/{sid}/events",
+        {"types": "llm.retry"},
+        "types: unknown event type 'llm.retry'",
+    ),
     (
         "/v1/sessions/{sid}/events",
         [("types", "input.message")] * 65,

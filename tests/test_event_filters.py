@@ -12,6 +12,7 @@ from everruns_sdk import Everruns
 from everruns_sdk.errors import ApiError
 
 from tests.conftest import Server
+from tests.sse_client import expect_connected, open_stream
 
 
 async def run_turn(sdk: Everruns, session_id: str, text: str) -> None:
@@ -127,3 +128,20 @@ async def test_bad_filter_values_are_4xx(
             response = await client.get(f"/v1/sessions/{sid}/events", params=params)
             assert response.status_code == status, (params, response.text)
             assert response.headers["content-type"] == "application/problem+json"
+
+
+async def test_the_live_stream_filters_this_services_live_events_too(
+    server: Server,
+) -> None:
+    """`/sse?types=` names upstream's event types and this service's live ones
+    (`llm.retry`, `tool.call.input.delta`); the durable log refuses the latter."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as api:
+        sid = (await api.post("/v1/sessions", json={})).json()["id"]
+        params = [
+            ("types", "llm.retry"),
+            ("types", "tool.call.input.delta"),
+            ("exclude", "output.message.delta"),
+        ]
+        async with open_stream(api, f"/v1/sessions/{sid}/sse", params=params) as sse:
+            assert sse.status_code == 200, sse.response.text
+            assert (await expect_connected(sse)).event == "connected"

@@ -80,13 +80,16 @@ VALID_EVENT_TYPES = frozenset(
 MAX_TYPE_FILTERS = 64
 
 
-def validate_types(name: str, values: Sequence[str] | None) -> tuple[str, ...]:
-    """Upstream's filter rules: known type names only, at most 64 values."""
+def validate_types(
+    name: str, values: Sequence[str] | None, also: frozenset[str] = frozenset()
+) -> tuple[str, ...]:
+    """Upstream's filter rules: known type names only (upstream's, and `also`), at
+    most 64 values."""
     if not values:
         return ()
     if len(values) > MAX_TYPE_FILTERS:
         raise InvalidParameter(f"{name}: too many values (max {MAX_TYPE_FILTERS})")
     for value in values:
-        if value not in VALID_EVENT_TYPES:
+        if value not in VALID_EVENT_TYPES and value not in also:
             raise InvalidParameter(f"{name}: unknown event type '{value}'")
     return tuple(values)

@@ -66,6 +66,8 @@ TOOL_INPUT_DELTA = "tool.call.input.delta"
 # The live event of a model request being retried, on `/sse`; `warning` on the
 # Mutation stream.
 MODEL_RETRY = "llm.retry"
+# This service's live events on `/sse`, which its `types`/`exclude` filters also name.
+LIVE_ONLY_TYPES = frozenset({TOOL_INPUT_DELTA, MODEL_RETRY})
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,14 +8,34 @@ from fastapi import APIRouter, Header, Query
 
 from app.deps import CallerDep, SessionId, StateDep
 from app.errors import problem_responses
-from app.events.router import EVENT_ID_SCHEMA, TypeFilter
-from app.events.types import VALID_EVENT_TYPES
+from app.events.router import EVENT_ID_SCHEMA
+from app.events.types import MAX_TYPE_FILTERS, VALID_EVENT_TYPES
 from app.live import service
-from app.live.items import MODEL_RETRY, TOOL_INPUT_DELTA
+from app.live.items import LIVE_ONLY_TYPES, MODEL_RETRY, TOOL_INPUT_DELTA
 from app.live.response import EventStreamResponse
 from app.schemas import INT32_DIGITS, MAX_INT32
 
 router = APIRouter(tags=["streams"])
+
+# `/sse`'s `types=` / `exclude=`: upstream's event types and this service's live ones.
+LiveTypeFilter = Annotated[
+    list[str] | None,
+    Query(
+        json_schema_extra={
+            "anyOf": [
+                {
+                    "type": "array",
+                    "items": {
+                        "type": "string",
+                        "enum": sorted(VALID_EVENT_TYPES | LIVE_ONLY_TYPES),
+                    },
+                    "maxItems": MAX_TYPE_FILTERS,
+                },
+                {"type": "null"},
+            ]
+        }
+    ),
+]
 
 
 def _json_data(schema: dict[str, Any]) -> dict[str, Any]:
@@ -243,8 +263,8 @@ async def stream_sse(
         int | None,
         Query(ge=0, le=MAX_INT32, description="0 replays the whole session"),
     ] = None,
-    types: TypeFilter = None,
-    exclude: TypeFilter = None,
+    types: LiveTypeFilter = None,
+    exclude: LiveTypeFilter = None,
     last_event_id: Annotated[
         str | None,
         Header(alias="Last-Event-ID", json_schema_extra=LAST_EVENT_ID_SCHEMA),

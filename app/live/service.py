@@ -11,6 +11,7 @@ from app.events import service as events_service
 from app.events.types import validate_types
 from app.ids import format_id, parse_or_400
 from app.live import frames
+from app.live.items import LIVE_ONLY_TYPES
 from app.live.response import EventStreamResponse
 from app.live.streams import StreamConfig, message_mutations, upstream_events
 from app.schemas import MAX_INT32
@@ -66,8 +67,8 @@ async def open_upstream(
     with) is revoked."""
     if state.draining:
         raise Draining("streams")
-    type_filter = set(validate_types("types", types))
-    exclude_filter = set(validate_types("exclude", exclude))
+    type_filter = set(validate_types("types", types, LIVE_ONLY_TYPES))
+    exclude_filter = set(validate_types("exclude", exclude, LIVE_ONLY_TYPES))
     if since_id is not None and after_sequence is not None:
         raise InvalidParameter("since_id and after_sequence are mutually exclusive")
     # Both are parsed even when the header wins: a malformed cursor is a bad request.
