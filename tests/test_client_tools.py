@@ -218,9 +218,18 @@ async def test_client_side_call_waits_durably_and_resumes_with_the_result(
     assert text_of(final).endswith(
         f"The get_weather tool returned {json.dumps(result)}."
     )
-    types = [e["type"] for e in await list_events(client, session_id)]
+    log = await list_events(client, session_id)
+    types = [e["type"] for e in log]
     assert types.count("tool.completed") == 1
     assert types[-2:] == ["turn.completed", "session.idled"]
+    # The result ends the wait: upstream's `session.activated` follows it, naming the
+    # turn and the input it answers (as when the turn began).
+    completed = types.index("tool.completed")
+    assert types[completed + 1] == "session.activated"
+    assert log[completed + 1]["data"] == {
+        "input_message_id": messages[0]["id"],
+        "turn_id": final["turn_id"],
+    }
 
     # The same result again: stored once, answered as the first time.
     before = await table_rows(database)

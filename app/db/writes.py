@@ -163,6 +163,11 @@ SELECT {MESSAGE_COLUMNS} FROM messages
 WHERE session_id = :session_id AND role = 'user' AND sequence > :after
 ORDER BY sequence LIMIT 1"""
 
+SELECT_TURN_INPUT = f"""
+SELECT {MESSAGE_COLUMNS} FROM messages
+WHERE session_id = :session_id AND turn_id = :turn_id AND role = 'user'
+ORDER BY sequence LIMIT 1"""
+
 SELECT_BY_CLIENT_ID = """
 SELECT snapshot FROM messages
 WHERE session_id = :session_id AND client_message_id = :client_message_id"""
@@ -322,6 +327,15 @@ class Write:
         """The oldest user message with a sequence above `sequence`."""
         rows = await self._messages(
             SELECT_FIRST_INPUT_AFTER, session_id=session_id, after=sequence
+        )
+        return rows[0] if rows else None
+
+    async def turn_input(
+        self, session_id: uuid.UUID, turn_id: uuid.UUID
+    ) -> MessageRow | None:
+        """The user message that started the turn."""
+        rows = await self._messages(
+            SELECT_TURN_INPUT, session_id=session_id, turn_id=turn_id
         )
         return rows[0] if rows else None
 

@@ -141,12 +141,7 @@ async def submit_tool_results(
             # The wait is over: upstream's event for the session's return to `active`
             # (a `session` Mutation too), in the checkpoint of the last result.
             session.status = "active"
-            turn = (
-                {"turn_id": format_id("turn", message.turn_id)}
-                if message.turn_id
-                else {}
-            )
-            then.append(EventSpec("session.activated", turn, turn_id=message.turn_id))
+            then.append(await _activated(db, session.id, message))
         status = lifecycle.FAILED if item.error is not None else lifecycle.COMPLETED
         await checkpoint.tool_transition(
             db,
@@ -163,4 +158,22 @@ async def submit_tool_results(
         db.outbox.kick(session.id)
     return ToolResultsResponse(
         accepted=len(fresh) + len(repeats), status=session.status
+    )
+
+
+async def _activated(
+    db: Write, session_id: uuid.UUID, message: MessageRow
+) -> EventSpec:
+    """Upstream's `session.activated` (the turn and the input it answers) for a turn
+    that goes on once the client's results are in."""
+    assert message.turn_id is not None, "a waiting tool call belongs to a turn"
+    data = {"turn_id": format_id("turn", message.turn_id)}
+    source = await db.turn_input(session_id, message.turn_id)
+    if source is not None:
+        data = {"input_message_id": format_id("message", source.id), **data}
+    return EventSpec(
+        "session.activated",
+        data,
+        turn_id=message.turn_id,
+        input_message_id=source.id if source is not None else None,
     )
