@@ -17,6 +17,7 @@ from tests.helpers import (
     list_events,
     list_messages,
     post_message,
+    server_process,
     table_rows,
     text_of,
     wait_idle,
@@ -277,3 +278,34 @@ async def test_a_model_and_prompt_change_apply_from_the_next_step(
             types = [e["type"] for e in await list_events(api, session_id)]
             assert "session.model.changed" in types
             assert types[-1] == "session.idled"
+
+
+async def test_a_change_on_another_process_joins_the_step_it_streams(
+    pg_settings: Settings, tmp_path: Path
+) -> None:
+    """The step streams on process A; the PATCH is B's. A hears of the Action over
+    the bus (or finds the revision moved when it commits) and the step commits
+    after it, whole."""
+    url = pg_settings.database_url
+    async with (
+        server_process(url, tmp_path, kill=True, SCRIPTED_DELAY_MS="10") as a,
+        server_process(url, tmp_path, kill=True) as b,
+        httpx.AsyncClient(base_url=a.url, timeout=10) as client_a,
+        httpx.AsyncClient(base_url=b.url, timeout=10) as client_b,
+    ):
+        session_id = (await client_a.post("/v1/sessions", json={})).json()["id"]
+        await post_message(client_a, session_id, "/scenario long 120")
+
+        async def streaming() -> bool:
+            listed = (await list_messages(client_b, session_id))["data"]
+            return len(listed) == 2 and listed[1]["state"] == "streaming"
+
+        await wait_until(streaming, "the agent message to stream")
+        await asyncio.sleep(0.3)
+        await patch(client_b, session_id, tools=[GUARDED])
+        await wait_idle(client_a, session_id)
+        for api in (client_a, client_b):
+            final = (await list_messages(api, session_id))["data"][1]
+            assert [p["type"] for p in final["content"]] == ["action", "text"]
+            assert final["content"][0]["action_type"] == "tools_changed"
+            assert text_of(final) == "".join(f"chunk{i} " for i in range(120))
