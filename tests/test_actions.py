@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from app.catalog.registry import derived_id
+from app.live.items import Wakeup
 from app.settings import Settings
 from tests.conftest import Running, start_server
 from tests.helpers import (
@@ -20,6 +22,7 @@ from tests.helpers import (
     server_process,
     table_rows,
     text_of,
+    uuid_of,
     wait_idle,
     wait_until,
 )
@@ -309,3 +312,38 @@ async def test_a_change_on_another_process_joins_the_step_it_streams(
             assert [p["type"] for p in final["content"]] == ["action", "text"]
             assert final["content"][0]["action_type"] == "tools_changed"
             assert text_of(final) == "".join(f"chunk{i} " for i in range(120))
+
+
+async def test_a_step_that_never_heard_of_the_action_commits_after_it(
+    client: httpx.AsyncClient, running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner misses the wake-ups (as when another process's Action commits just
+    before the step ends): its step checkpoint finds the message's revision moved,
+    reads the message again, and commits after the Action, whole."""
+    runner = running.app.state.app.runner
+    deliver = runner.deliver
+
+    def deaf(item: Any) -> None:
+        if not isinstance(item, Wakeup):
+            deliver(item)
+
+    monkeypatch.setattr(runner, "deliver", deaf)
+    session_id = (await client.post("/v1/sessions", json={})).json()["id"]
+    await post_message(client, session_id, "/scenario long 1000")
+    seen: list[dict[str, Any]] = []
+
+    async def streaming() -> bool:
+        seen[:] = (await list_messages(client, session_id))["data"]
+        return len(seen) == 2 and seen[1]["state"] == "streaming"
+
+    await wait_until(streaming, "the agent message to stream", interval=0.01)
+    await patch(client, session_id, approval_mode="always-allow")
+    assert runner.live[uuid_of(seen[1]["id"])].revision == seen[1]["revision"]
+    await wait_idle(client, session_id)
+    final = (await list_messages(client, session_id))["data"][1]
+    assert [(p["type"], p["sequence"]) for p in final["content"]] == [
+        ("action", 1),
+        ("text", 2),
+    ]
+    assert text_of(final) == "".join(f"chunk{i} " for i in range(1000))
+    assert final["revision"] == seen[1]["revision"] + 2
