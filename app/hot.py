@@ -12,9 +12,9 @@ exactly as the OpenAPI contract says. A POST is served here only when its body i
 valid JSON that the request model accepts and the service stores it; a body the model
 refuses, or a refusal of the service (which writes nothing), goes on to FastAPI with
 the body read here, and FastAPI answers it as it would have. Both paths run the same
-service functions, so they answer the same bytes; what this path does itself is what the middleware would:
-an `X-Request-Id` (the caller's, if valid), the rate limit, and problem+json for a
-failure. It sets the request and session ids as the context of log lines only while
+service functions, so they answer the same bytes; what this path does itself is what
+the middleware would: an `X-Request-Id` (the caller's, if valid), the rate limit, and
+problem+json for a failure. It sets the request and session ids as the context of log lines only while
 uvicorn writes access lines (`tag_logs`): otherwise nothing here logs but a failure,
 which names its request itself.
 """
@@ -184,16 +184,16 @@ class HotRoutes:
 
     async def _refused(
         self,
+        limiter: RateLimiter,
         request: "Hot",
         caller: Caller,
         scope: Scope,
         receive: Receive,
         send: Send,
     ) -> bool:
-        """Answer 429 if the rate limiter refuses the caller."""
-        if self.limiter is None:
-            return False
-        refusal = self.limiter.refusal_for(scope, caller)
+        """Answer 429 if the rate limiter refuses the caller. The callers check that
+        there is a limiter first: a coroutine per request costs a 304 measurably."""
+        refusal = limiter.refusal_for(scope, caller)
         if refusal is None:
             return False
         request.done(refusal.status_code)
@@ -247,13 +247,13 @@ class HotRoutes:
         if self.tag_logs:
             self._tag(request, parts[3])
         request.route = PAGE_ROUTE
-        # Checked here first: a coroutine per request costs a 304 measurably.
-        if self.limiter is not None and await self._refused(
-            request, caller, scope, receive, send
+        limiter = self.limiter
+        if limiter is not None and await self._refused(
+            limiter, request, caller, scope, receive, send
         ):
             return None
         scope[guards.COUNTED] = True
-        body = await _read_body(receive, int(length))
+        body = await _read_body(receive)
         if body is None:
             return None  # the client went away
         replay = guards.replay(body, receive)
@@ -310,9 +310,9 @@ class HotRoutes:
         if caller is None:
             return False
         org = caller.organization_id
-        # Checked here first: a coroutine per request costs a 304 measurably.
-        if self.limiter is not None and await self._refused(
-            request, caller, scope, receive, send
+        limiter = self.limiter
+        if limiter is not None and await self._refused(
+            limiter, request, caller, scope, receive, send
         ):
             return True
         session_id = uuid.UUID(hex=parts[3][8:])
@@ -392,7 +392,7 @@ class HotRoutes:
         return True
 
 
-async def _read_body(receive: Receive, length: int) -> bytes | None:
+async def _read_body(receive: Receive) -> bytes | None:
     """The request body (None if the client disconnected). Bounded: the server ends
     the body at its declared `Content-Length`, which the caller checked."""
     chunks: list[bytes] = []

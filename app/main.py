@@ -114,7 +114,7 @@ class Service(FastAPI):
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        if hot is not None and scope["path"] != "/metrics":
+        if hot is not None:
             # Answered on the hot path, or passed on with what FastAPI must read.
             passed = await hot.serve(scope, receive, send)
             if passed is None:

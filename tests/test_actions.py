@@ -46,6 +46,21 @@ async def patch(
     return session
 
 
+async def started_reply(
+    client: httpx.AsyncClient, session_id: str, text: str, interval: float = 0.05
+) -> dict[str, Any]:
+    """Post `text` (a long reply) and return the agent message once it streams."""
+    await post_message(client, session_id, text)
+    seen: list[dict[str, Any]] = []
+
+    async def streaming() -> bool:
+        seen[:] = (await list_messages(client, session_id))["data"]
+        return len(seen) == 2 and seen[1]["state"] == "streaming"
+
+    await wait_until(streaming, "the agent message to stream", interval=interval)
+    return seen[1]
+
+
 async def test_a_change_while_idle_is_a_standalone_action_message(
     client: httpx.AsyncClient,
 ) -> None:
@@ -197,20 +212,13 @@ async def test_a_change_mid_step_keeps_the_step_whole(
     try:
         async with httpx.AsyncClient(base_url=server.url, timeout=10) as api:
             session_id = (await api.post("/v1/sessions", json={})).json()["id"]
-            await post_message(api, session_id, "/scenario long 120")
-            seen: list[dict[str, Any]] = []
-
-            async def streaming() -> bool:
-                seen[:] = (await list_messages(api, session_id))["data"]
-                return len(seen) == 2 and seen[1]["state"] == "streaming"
-
-            await wait_until(streaming, "the agent message to stream")
+            reply = await started_reply(api, session_id, "/scenario long 120")
             await asyncio.sleep(0.3)
             await patch(api, session_id, approval_mode="always-allow")
             joined = (await list_messages(api, session_id))["data"][1]
             assert joined["state"] == "streaming"
             assert [p["type"] for p in joined["content"]] == ["action"]
-            assert joined["revision"] == seen[1]["revision"] + 1
+            assert joined["revision"] == reply["revision"] + 1
             await wait_idle(api, session_id)
             final = (await list_messages(api, session_id))["data"][1]
             assert [(p["type"], p["sequence"]) for p in final["content"]] == [
@@ -297,13 +305,7 @@ async def test_a_change_on_another_process_joins_the_step_it_streams(
         httpx.AsyncClient(base_url=b.url, timeout=10) as client_b,
     ):
         session_id = (await client_a.post("/v1/sessions", json={})).json()["id"]
-        await post_message(client_a, session_id, "/scenario long 120")
-
-        async def streaming() -> bool:
-            listed = (await list_messages(client_b, session_id))["data"]
-            return len(listed) == 2 and listed[1]["state"] == "streaming"
-
-        await wait_until(streaming, "the agent message to stream")
+        await started_reply(client_a, session_id, "/scenario long 120")
         await asyncio.sleep(0.3)
         await patch(client_b, session_id, tools=[GUARDED])
         await wait_idle(client_a, session_id)
@@ -329,16 +331,11 @@ async def test_a_step_that_never_heard_of_the_action_commits_after_it(
 
     monkeypatch.setattr(runner, "deliver", deaf)
     session_id = (await client.post("/v1/sessions", json={})).json()["id"]
-    await post_message(client, session_id, "/scenario long 1000")
-    seen: list[dict[str, Any]] = []
-
-    async def streaming() -> bool:
-        seen[:] = (await list_messages(client, session_id))["data"]
-        return len(seen) == 2 and seen[1]["state"] == "streaming"
-
-    await wait_until(streaming, "the agent message to stream", interval=0.01)
+    reply = await started_reply(
+        client, session_id, "/scenario long 1000", interval=0.01
+    )
     await patch(client, session_id, approval_mode="always-allow")
-    assert runner.live[uuid_of(seen[1]["id"])].revision == seen[1]["revision"]
+    assert runner.live[uuid_of(reply["id"])].revision == reply["revision"]
     await wait_idle(client, session_id)
     final = (await list_messages(client, session_id))["data"][1]
     assert [(p["type"], p["sequence"]) for p in final["content"]] == [
@@ -346,4 +343,4 @@ async def test_a_step_that_never_heard_of_the_action_commits_after_it(
         ("text", 2),
     ]
     assert text_of(final) == "".join(f"chunk{i} " for i in range(1000))
-    assert final["revision"] == seen[1]["revision"] + 2
+    assert final["revision"] == reply["revision"] + 2

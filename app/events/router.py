@@ -20,20 +20,27 @@ router = APIRouter(tags=["events"])
 EVENT_ID_SCHEMA = {
     "anyOf": [{"type": "string", "pattern": "^event_[0-9a-f]{32}$"}, {"type": "null"}]
 }
-TYPE_FILTER_SCHEMA = {
-    "anyOf": [
-        {
-            "type": "array",
-            "items": {"type": "string", "enum": sorted(VALID_EVENT_TYPES)},
-            "maxItems": MAX_TYPE_FILTERS,
-        },
-        {"type": "null"},
-    ]
-}
+
+
+def type_filter_schema(names: frozenset[str]) -> dict[str, object]:
+    """The schema of a repeatable `types=` / `exclude=` filter of these type names."""
+    return {
+        "anyOf": [
+            {
+                "type": "array",
+                "items": {"type": "string", "enum": sorted(names)},
+                "maxItems": MAX_TYPE_FILTERS,
+            },
+            {"type": "null"},
+        ]
+    }
 
 
 # A repeatable `types=` / `exclude=` filter of known event type names.
-TypeFilter = Annotated[list[str] | None, Query(json_schema_extra=TYPE_FILTER_SCHEMA)]
+TypeFilter = Annotated[
+    list[str] | None,
+    Query(json_schema_extra=type_filter_schema(VALID_EVENT_TYPES)),
+]
 
 
 @router.get(

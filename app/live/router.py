@@ -8,8 +8,8 @@ from fastapi import APIRouter, Header, Query
 
 from app.deps import CallerDep, SessionId, StateDep
 from app.errors import problem_responses
-from app.events.router import EVENT_ID_SCHEMA
-from app.events.types import MAX_TYPE_FILTERS, VALID_EVENT_TYPES
+from app.events.router import EVENT_ID_SCHEMA, type_filter_schema
+from app.events.types import VALID_EVENT_TYPES
 from app.live import service
 from app.live.items import LIVE_ONLY_TYPES, MODEL_RETRY, TOOL_INPUT_DELTA
 from app.live.response import EventStreamResponse
@@ -20,21 +20,7 @@ router = APIRouter(tags=["streams"])
 # `/sse`'s `types=` / `exclude=`: upstream's event types and this service's live ones.
 LiveTypeFilter = Annotated[
     list[str] | None,
-    Query(
-        json_schema_extra={
-            "anyOf": [
-                {
-                    "type": "array",
-                    "items": {
-                        "type": "string",
-                        "enum": sorted(VALID_EVENT_TYPES | LIVE_ONLY_TYPES),
-                    },
-                    "maxItems": MAX_TYPE_FILTERS,
-                },
-                {"type": "null"},
-            ]
-        }
-    ),
+    Query(json_schema_extra=type_filter_schema(VALID_EVENT_TYPES | LIVE_ONLY_TYPES)),
 ]
 
 

@@ -21,6 +21,7 @@ from app.db.writes import EventRow, LockedSession, MessageRow, Write
 from app.events.service import EventSpec, render_event_rows
 from app.ids import format_id, uuid7
 from app.messages import render
+from app.messages.schemas import ActionType
 from app.tools import lifecycle
 
 
@@ -502,7 +503,11 @@ async def request_client_tools(
 
 
 def action_part(
-    action_type: str, title: str, data: dict[str, Any], *, state: str = "completed"
+    action_type: ActionType,
+    title: str,
+    data: dict[str, Any],
+    *,
+    state: str = "completed",
 ) -> dict[str, Any]:
     """The seed's `action` part: what changed (`action_type`, `data`), for whom to
     read (`title`), and whether it is done (`state`: running|completed|failed)."""

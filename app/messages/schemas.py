@@ -253,18 +253,22 @@ class InteractionPart(PartBase):
     )
 
 
+# What a session PATCH changes that a turn runs with (app/sessions/actions.py).
+ActionType = Literal[
+    "model_changed",
+    "approval_mode_changed",
+    "system_prompt_changed",
+    "tools_changed",
+]
+
+
 class ActionPart(PartBase):
     """A change of what the turn runs with (the seed's Action): `data` holds the
     `field` and its `old` and `new` values."""
 
     type: Literal["action"]
     action_id: str
-    action_type: Literal[
-        "model_changed",
-        "approval_mode_changed",
-        "system_prompt_changed",
-        "tools_changed",
-    ]
+    action_type: ActionType
     state: Literal["running", "completed", "failed"]
     title: str
     data: dict[str, Any]

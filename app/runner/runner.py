@@ -631,15 +631,6 @@ class TurnRunner:
 
     # ---- a turn --------------------------------------------------------------------
 
-    async def _cancel_requested(self, session_id: uuid.UUID) -> bool:
-        async with self.database.statements() as conn:
-            requested = await conn.scalar(
-                select(models.Session.cancel_requested_at).where(
-                    models.Session.id == session_id
-                )
-            )
-        return requested is not None
-
     async def _history(self, session_id: uuid.UUID) -> "Context":
         """The recent conversation for the model (wire messages, and composed for it),
         the newest user message sequence it includes, and whether a cancel was
@@ -1422,9 +1413,10 @@ class TurnRunner:
         message_id = turn.message.id
         while True:
             watch.clear()
-            if await self._retrying(
-                functools.partial(self._cancel_requested, turn.session_id)
-            ):
+            cancelled, _ = await self._retrying(
+                functools.partial(self.reads.turn_watch, turn.session_id, message_id)
+            )
+            if cancelled:
                 raise TurnCancelled
             status = await self._retrying(
                 functools.partial(self._tool_status, message_id, call.id)

@@ -16,10 +16,11 @@ from app.db import models
 from app.db.writes import Write
 from app.events.service import EventSpec
 from app.messages import checkpoint
+from app.messages.schemas import ActionType
 from app.sessions.service import lock_session
 
 # Session attribute -> action_type. Only these change what a turn does.
-ACTION_TYPES = {
+ACTION_TYPES: dict[str, ActionType] = {
     "model_id": "model_changed",
     "approval_mode": "approval_mode_changed",
     "system_prompt": "system_prompt_changed",
