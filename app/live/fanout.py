@@ -5,7 +5,8 @@ timer for every stream's heartbeats, connection cycling and stuck-send checks.
 Bus items arrive via `deliver` (synchronously, in bus order). A wake-up makes the
 session's channel read the new durable events and changed message snapshots once, for
 all its subscribers; live items (parts, deltas) queue behind it, so every subscriber
-sees a checkpoint before the deltas that extend it. Each frame is encoded once per item
+sees a checkpoint before the deltas that extend it, and go straight to the subscribers
+when nothing is ahead of them. Each frame is encoded once per item
 and the same bytes go to every subscriber; a subscriber costs a bounded queue and one
 waiter, with no task, timer or wrapper per item.
 """
@@ -247,6 +248,12 @@ class Channel:
     inbox: asyncio.Queue[Wakeup | Out] = field(default_factory=asyncio.Queue)
     last: int | None = None
     task: asyncio.Task[None] | None = None
+    # Whether the pump is handling an item (a wake-up's read may be in progress).
+    busy: bool = False
+
+    def offer(self, item: Out) -> None:
+        for sub in tuple(self.subscribers):
+            sub.offer(item)
 
 
 class Fanout:
@@ -303,8 +310,15 @@ class Fanout:
 
     def _to_channel(self, session_id: uuid.UUID, item: Wakeup | Out) -> None:
         channel = self.channels.get(session_id)
-        if channel is not None:
+        if channel is None:
+            return
+        if channel.busy or not channel.inbox.empty() or isinstance(item, Wakeup):
+            # Behind a wake-up's read: it goes out after what that read finds.
             channel.inbox.put_nowait(item)
+        else:
+            # Nothing is ahead of it: straight to the subscribers, without a hop
+            # through the pump (nearly every live item of a streaming turn).
+            channel.offer(item)
 
     def _project(self, item: PartStarted | TextDelta | StepEnded) -> Out | None:
         """Apply a live item to the projection. Returns what subscribers get (a delta
@@ -479,7 +493,9 @@ class Fanout:
         # the session's, not that request's.
         logs.REQUEST_ID.set(None)
         while True:
+            channel.busy = False
             item = await channel.inbox.get()
+            channel.busy = True
             if isinstance(item, Wakeup):
                 try:
                     items = await self._read_checkpoints(channel, item.sequence)
@@ -495,8 +511,7 @@ class Fanout:
             else:
                 items = [item]
             for out in items:
-                for sub in tuple(channel.subscribers):
-                    sub.offer(out)
+                channel.offer(out)
 
     async def _read_checkpoints(self, channel: Channel, upto: int) -> list[Out]:
         """Read what committed in (channel.last, upto], once for every subscriber."""

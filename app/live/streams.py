@@ -85,6 +85,33 @@ async def _last_sequence(database: Database, session_id: uuid.UUID) -> int | Non
     return last
 
 
+# A batch goes out once it holds this much, even if more is queued.
+BATCH_BYTES = 64 * 1024
+
+
+class Batch:
+    """The frames of the items a subscriber has queued, written with one `send` once
+    its queue is empty: a stream that fell behind catches up in one write, not in one
+    per frame."""
+
+    __slots__ = ("frames", "size")
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.size = 0
+
+    def add(self, frame: bytes) -> None:
+        self.frames.append(frame)
+        self.size += len(frame)
+
+    def take(self) -> bytes:
+        frames = self.frames
+        chunk = frames[0] if len(frames) == 1 else b"".join(frames)
+        self.frames = []
+        self.size = 0
+        return chunk
+
+
 @dataclass
 class Position:
     """The last durable sequence a subscriber has been given (sent or filtered out)."""
@@ -120,24 +147,31 @@ async def upstream_events(
             ):
                 yield chunk
         sub.deadline = _cycle_deadline(config.cycle_seconds)
+        batch = Batch()
         while True:
+            if batch.frames and (not sub.pending or batch.size >= BATCH_BYTES):
+                yield batch.take()
             item = await sub.next()
             if item is None:
                 if sub.overflowed:
                     _overflowed(session_id, sub.limit)
-                    yield frames.disconnecting("error", config.retry_ms)
+                    batch.add(frames.disconnecting("error", config.retry_ms))
+                if batch.frames:
+                    yield batch.take()
                 return
             # Deltas first: nearly every item of a streaming turn is one.
             if type(item) is DeltaOut:
                 if accept(item.delta.event_type):
-                    yield item.sse_frame
+                    batch.add(item.sse_frame)
             elif isinstance(item, WarningOut):
                 if accept(MODEL_RETRY):
-                    yield item.sse_frame
+                    batch.add(item.sse_frame)
             elif isinstance(item, EventOut):
                 if item.sequence <= position.sequence:
                     continue
                 if item.sequence > position.sequence + 1:
+                    if batch.frames:
+                        yield batch.take()
                     async for chunk in _replay_events(
                         database,
                         session_id,
@@ -149,17 +183,20 @@ async def upstream_events(
                         yield chunk
                 position.sequence = item.sequence
                 if accept(item.type):
-                    yield item.frame
+                    batch.add(item.frame)
             elif item is HEARTBEAT:
                 if config.keepalive is not None:
-                    yield config.keepalive
+                    batch.add(config.keepalive)
             elif item is RESYNC:
+                if batch.frames:
+                    yield batch.take()
                 async for chunk in _replay_events(
                     database, session_id, position, accept, config
                 ):
                     yield chunk
             elif isinstance(item, Marker):
-                yield frames.disconnecting(CLOSE_REASONS[item], config.retry_ms)
+                batch.add(frames.disconnecting(CLOSE_REASONS[item], config.retry_ms))
+                yield batch.take()
                 return
     finally:
         fanout.unsubscribe(sub)
@@ -235,13 +272,18 @@ async def message_mutations(
                     session_id, projection.message_id, projection.revision, part
                 )
         sub.deadline = _cycle_deadline(config.cycle_seconds)
+        batch = Batch()
         while True:
+            if batch.frames and (not sub.pending or batch.size >= BATCH_BYTES):
+                yield batch.take()
             item = await sub.next()
             if item is None:
                 if sub.overflowed:
                     _overflowed(session_id, sub.limit)
-                    yield frames.reset("slow_consumer")
-                    yield frames.disconnecting("error", config.retry_ms)
+                    batch.add(frames.reset("slow_consumer"))
+                    batch.add(frames.disconnecting("error", config.retry_ms))
+                if batch.frames:
+                    yield batch.take()
                 return
             # Deltas first: nearly every item of a streaming turn is one.
             if type(item) is DeltaOut:
@@ -251,13 +293,19 @@ async def message_mutations(
                     continue
                 sent[delta.part_id] = item.end
                 if delta.offset < known:
-                    yield frames.delta_mutation(
-                        delta, known, wire.utf16_tail(delta.text, known - delta.offset)
+                    batch.add(
+                        frames.delta_mutation(
+                            delta,
+                            known,
+                            wire.utf16_tail(delta.text, known - delta.offset),
+                        )
                     )
                 else:
-                    yield item.mutation_frame
+                    batch.add(item.mutation_frame)
             elif isinstance(item, EventOut):
                 if item.sequence > cursor + 1:
+                    if batch.frames:
+                        yield batch.take()
                     async for chunk in _changed_messages(
                         database,
                         session_id,
@@ -270,23 +318,25 @@ async def message_mutations(
             elif isinstance(item, EventMutationOut):
                 # As for snapshots: a replay already sent what committed up to `last`.
                 if after is None or item.sequence > last:
-                    yield item.frame
+                    batch.add(item.frame)
             elif isinstance(item, MessageOut):
                 # Replayed snapshots already cover what committed up to `last`; without
                 # a cursor nothing was replayed, so every checkpoint is sent.
                 if after is not None and item.sequence <= last:
                     continue
                 if include_internal or item.visible:
-                    yield item.frame
+                    batch.add(item.frame)
             elif isinstance(item, PartOut):
                 sent[item.part_id] = item.text_length
-                yield item.frame
+                batch.add(item.frame)
             elif isinstance(item, WarningOut):
-                yield item.mutation_frame
+                batch.add(item.mutation_frame)
             elif item is HEARTBEAT:
                 if config.keepalive is not None:
-                    yield config.keepalive
+                    batch.add(config.keepalive)
             elif item is RESYNC:
+                if batch.frames:
+                    yield batch.take()
                 async for chunk in _changed_messages(
                     database, session_id, cursor, None, include_internal
                 ):
@@ -294,7 +344,8 @@ async def message_mutations(
                 last_now = await _last_sequence(database, session_id)
                 cursor = max(cursor, last_now or 0)
             elif isinstance(item, Marker):
-                yield frames.disconnecting(CLOSE_REASONS[item], config.retry_ms)
+                batch.add(frames.disconnecting(CLOSE_REASONS[item], config.retry_ms))
+                yield batch.take()
                 return
     finally:
         fanout.unsubscribe(sub)
