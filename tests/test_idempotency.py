@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import Running
 from tests.helpers import assert_problem, create_session, table_rows, wait_idle
+from tests.test_approvals import ASK, first_pending, guarded_session
 
 ORIGINAL: dict[str, Any] = {
     "message": {"content": [{"type": "text", "text": "hello"}]},
@@ -120,3 +121,37 @@ async def test_a_key_is_per_session(running: Running) -> None:
     assert response.status_code == 201, response.text
     assert response.json()["delivery"] == "started"
     await wait_idle(running.client, other)
+
+
+async def test_a_retry_while_its_turn_runs_is_the_stored_message(
+    running: Running,
+) -> None:
+    """Steering a running turn, the checkpoint itself finds a repeated key (no look-up
+    first): the same body is the stored message and a different one is 409, and
+    neither writes anything."""
+    client = running.client
+    database = running.app.state.app.database
+    sid = await guarded_session(client)
+    body = {"message": {"content": [{"type": "text", "text": ASK}]}}
+    asking = {**body, "client_message_id": "ask-1"}
+    started = await post(client, sid, asking)
+    assert started.status_code == 201, started.text
+    # The turn waits for an approval: it runs until someone decides.
+    await first_pending(client, sid)
+    steering = {**ORIGINAL, "client_message_id": "steer-1"}
+    first = await post(client, sid, steering)
+    assert first.status_code == 201, first.text
+    assert first.json()["delivery"] == "steered"
+    before = await table_rows(database)
+
+    # The message that started the turn, and one that steered it.
+    for retry, original in ((asking, started.json()), (steering, first.json())):
+        again = await post(client, sid, retry)
+        assert again.status_code == 201, again.text
+        assert again.json() == {**original, "delivery": "duplicate"}
+        changed = {**retry, "metadata": {"other": 1}}
+        problem = assert_problem(
+            await post(client, sid, changed), 409, code="client_message_id_conflict"
+        )
+        assert original["id"] in problem["detail"], problem
+    assert await table_rows(database) == before

@@ -84,6 +84,11 @@ class StaleMessage(Exception):
     """The message changed since it was read: its revision is not the one expected."""
 
 
+class DuplicateMessage(Exception):
+    """The session already has a message with this client_message_id: nothing of the
+    checkpoint was written."""
+
+
 # ---- SQL -------------------------------------------------------------------------------
 # Named placeholders (`:name`), numbered per dialect once (`$n` for asyncpg, `?n` for
 # SQLite). `::type` casts are PostgreSQL-only and appear only in PostgreSQL statements.
@@ -110,13 +115,16 @@ UPDATE sessions SET
     updated_at = :now
 WHERE id = :session_id"""
 
+# A message whose client_message_id the session already has is not inserted
+# (DuplicateMessage): the unique constraint is the check, at no extra round trip.
 INSERT_MESSAGE = """
 INSERT INTO messages (id, session_id, sequence, role, state, visibility, revision,
     turn_id, client_message_id, content, extra, snapshot, changed_sequence,
     created_at, updated_at)
 VALUES (:message_id, :session_id, :sequence, :role, :state, :visibility, :revision,
     :turn_id, :client_message_id, :content, :extra, :snapshot, :changed_sequence,
-    :created_at, :updated_at)"""
+    :created_at, :updated_at)
+ON CONFLICT (session_id, client_message_id) DO NOTHING"""
 
 # Every checkpoint bumps the revision by one: a row at any other revision was changed
 # by someone else since it was read, and is left alone (StaleMessage).
@@ -139,11 +147,17 @@ FROM unnest(:event_ids::uuid[], :event_sequences::integer[], :event_types::text[
             :event_turn_ids::uuid[], :event_bodies::text[])
     AS e(id, sequence, type, turn_id, body)"""
 
+# The session row and the events are written only if the message was: an insert whose
+# client_message_id is taken, or an update of a stale revision, writes nothing at all.
+_IF_WRITTEN = "EXISTS (SELECT 1 FROM m)"
+
 PG_CHECKPOINT = {
-    "insert": f"WITH s AS ({UPDATE_SESSION}), m AS ({INSERT_MESSAGE} RETURNING 1),"
-    f" e AS ({PG_INSERT_EVENTS}) SELECT count(*) FROM m",
-    "update": f"WITH s AS ({UPDATE_SESSION}), m AS ({UPDATE_MESSAGE} RETURNING 1),"
-    f" e AS ({PG_INSERT_EVENTS}) SELECT count(*) FROM m",
+    "insert": f"WITH m AS ({INSERT_MESSAGE} RETURNING 1),"
+    f" s AS ({UPDATE_SESSION} AND {_IF_WRITTEN}),"
+    f" e AS ({PG_INSERT_EVENTS} WHERE {_IF_WRITTEN}) SELECT count(*) FROM m",
+    "update": f"WITH m AS ({UPDATE_MESSAGE} RETURNING 1),"
+    f" s AS ({UPDATE_SESSION} AND {_IF_WRITTEN}),"
+    f" e AS ({PG_INSERT_EVENTS} WHERE {_IF_WRITTEN}) SELECT count(*) FROM m",
     None: f"WITH s AS ({UPDATE_SESSION}), e AS ({PG_INSERT_EVENTS}) SELECT 1",
 }
 
@@ -247,6 +261,16 @@ def _message_values(message: MessageRow) -> dict[str, Any]:
     }
 
 
+def _not_written(message: MessageRow, inserted: bool) -> Exception:
+    if inserted:
+        return DuplicateMessage(
+            f"client_message_id {message.client_message_id!r} is already stored"
+        )
+    return StaleMessage(
+        f"message {message.id} is not at revision {message.revision - 1}"
+    )
+
+
 def _pg_literal(value: str) -> str:
     # An escape string literal: its meaning does not depend on standard_conforming_strings.
     return "E'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -311,7 +335,8 @@ class Write:
         """Write the session row as `session` holds it, the message (inserted, or
         updated if it is still at the revision before `message.revision`) and the
         events. `started`/`finished` stamp the session's started_at (if unset) and
-        finished_at. Raises StaleMessage."""
+        finished_at. Raises StaleMessage, or DuplicateMessage for an insert whose
+        client_message_id is taken; either way nothing was written."""
         raise NotImplementedError
 
     async def message(self, message_id: uuid.UUID) -> MessageRow | None:
@@ -486,9 +511,7 @@ class PgWrite(Write):
             values.update(_message_values(message))
         rows = await self._fetch(PG_CHECKPOINT[kind], **values)
         if message is not None and rows[0][0] != 1:
-            raise StaleMessage(
-                f"message {message.id} is not at revision {message.revision - 1}"
-            )
+            raise _not_written(message, inserted)
 
     def notify(self, channel: str, payload: str) -> None:
         self._notifications.append(
@@ -640,16 +663,15 @@ class SqliteWrite(Write):
         started: bool = False,
         finished: bool = False,
     ) -> None:
+        # The message first: if it is not written, nothing is.
+        if message is not None:
+            sql = INSERT_MESSAGE if inserted else UPDATE_MESSAGE
+            if await self._execute(sql, **_message_values(message)) != 1:
+                raise _not_written(message, inserted)
         await self._execute(
             UPDATE_SESSION,
             **_session_values(session, now, started=started, finished=finished),
         )
-        if message is not None:
-            sql = INSERT_MESSAGE if inserted else UPDATE_MESSAGE
-            if await self._execute(sql, **_message_values(message)) != 1:
-                raise StaleMessage(
-                    f"message {message.id} is not at revision {message.revision - 1}"
-                )
         statement = self._statement(INSERT_EVENT)
         rows = [
             self._args(

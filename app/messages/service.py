@@ -8,7 +8,7 @@ from typing import Any
 
 from app import wire
 from app.db.reads import Reads, SessionHead
-from app.db.writes import Write
+from app.db.writes import DuplicateMessage, Write
 from app.errors import (
     ClientMessageIdConflict,
     InvalidRequest,
@@ -45,31 +45,49 @@ async def create_message(
     )
     content = [part.model_dump(exclude_none=True) for part in data.message.content]
     extra = _extra(data)
-    if data.client_message_id is not None:
+    was_running = session.active_turn_id is not None
+    if data.client_message_id is not None and not was_running:
+        # Looked up before admission: a retry is answered with what is stored, never
+        # refused as a new turn. (Steering a running turn needs no look-up: the
+        # checkpoint finds a repeated id itself, writing nothing.)
         stored = await db.snapshot_by_client_id(session_id, data.client_message_id)
         if stored is not None:
-            _check_same_request(
-                wire.loads(stored), data.client_message_id, content, data, extra
-            )
-            return wire.with_field(stored, "delivery", "duplicate")
-    was_running = session.active_turn_id is not None
+            return _duplicate(stored, data.client_message_id, content, data, extra)
     if not was_running and admission is not None:
         await admission.admit(db, session)
-    result, _turn_id = await checkpoint.append_user_message(
-        db,
-        session,
-        content=content,
-        visibility=data.message.visibility,
-        extra=extra,
-        client_message_id=data.client_message_id,
-        start_turn=True,
-    )
+    try:
+        result, _turn_id = await checkpoint.append_user_message(
+            db,
+            session,
+            content=content,
+            visibility=data.message.visibility,
+            extra=extra,
+            client_message_id=data.client_message_id,
+            start_turn=True,
+        )
+    except DuplicateMessage:
+        assert data.client_message_id is not None
+        stored = await db.snapshot_by_client_id(session_id, data.client_message_id)
+        assert stored is not None
+        return _duplicate(stored, data.client_message_id, content, data, extra)
     if not was_running:
         db.outbox.kick(session_id)
     assert result.message is not None
     return wire.with_field(
         result.message.snapshot, "delivery", "steered" if was_running else "started"
     )
+
+
+def _duplicate(
+    stored: str,
+    client_message_id: str,
+    content: list[dict[str, Any]],
+    data: schemas.MessageCreate,
+    extra: dict[str, Any],
+) -> bytes:
+    """The stored message, as the answer to a retry of the request that stored it."""
+    _check_same_request(wire.loads(stored), client_message_id, content, data, extra)
+    return wire.with_field(stored, "delivery", "duplicate")
 
 
 def _extra(data: schemas.MessageCreate) -> dict[str, Any]:
