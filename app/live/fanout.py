@@ -6,9 +6,9 @@ Bus items arrive via `deliver` (synchronously, in bus order). A wake-up makes th
 session's channel read the new durable events and changed message snapshots once, for
 all its subscribers; live items (parts, deltas) queue behind it, so every subscriber
 sees a checkpoint before the deltas that extend it, and go straight to the subscribers
-when nothing is ahead of them. Each frame is encoded once per item
-and the same bytes go to every subscriber; a subscriber costs a bounded queue and one
-waiter, with no task, timer or wrapper per item.
+when nothing is ahead of them. Each frame is encoded once per item and the same bytes
+go to every subscriber; a subscriber costs a bounded queue and one waiter, with no
+task, timer or wrapper per item.
 """
 
 import asyncio
