@@ -1,0 +1,140 @@
+"""The fan-out's order and writes, driven item by item: a live item goes out behind a
+wake-up whose read is in progress and straight to the subscribers when nothing is
+ahead of it, and a stream writes every item it has queued in one chunk. A fan-out of
+its own on the test's database, fed directly (no bus), so both lanes see the same
+timing."""
+
+import asyncio
+import contextlib
+import re
+import uuid
+from collections.abc import AsyncIterator
+
+from app.ids import uuid7
+from app.live.fanout import Fanout, Subscription
+from app.live.items import PartStarted, TextDelta, Wakeup
+from app.live.streams import StreamConfig, message_mutations
+from app.messages import checkpoint
+from app.sessions import service as sessions_service
+from tests.conftest import Running
+from tests.helpers import create_session, uuid_of, wait_until
+
+DELTA = "output.message.delta"
+
+
+def names(chunk: bytes) -> list[str]:
+    """The event names of the frames in one chunk."""
+    return [
+        frame.split(b"\n", 1)[0].decode().removeprefix("event: ")
+        for frame in chunk.split(b"\n\n")
+        if frame.startswith(b"event: ")
+    ]
+
+
+def delta(
+    session_id: uuid.UUID, message_id: uuid.UUID, offset: int, text: str
+) -> TextDelta:
+    return TextDelta(
+        session_id,
+        message_id,
+        1,
+        None,
+        "part_live",
+        offset,
+        text,
+        DELTA,
+        f"event_{uuid7().hex}",
+        "2026-12-02T00:00:00.000Z",
+    )
+
+
+async def parked(fanout: Fanout, session_id: uuid.UUID) -> Subscription:
+    """The stream's subscription, once the stream waits on it with nothing queued."""
+    channel = fanout.channels[session_id]
+    (sub,) = channel.subscribers
+    await wait_until(
+        lambda: sub.waiter is not None and not channel.busy,
+        "the stream to wait for items",
+        within=5,
+        interval=0.005,
+    )
+    return sub
+
+
+async def test_live_items_queue_behind_a_read_and_skip_the_pump_otherwise(
+    running: Running,
+) -> None:
+    state = running.app.state.app
+    session_id = uuid_of(await create_session(running.client, "fan-out order"))
+    fanout = Fanout(state.database, 100)
+    stream: AsyncIterator[bytes] = message_mutations(
+        database=state.database,
+        fanout=fanout,
+        session_id=session_id,
+        after=None,
+        include_internal=False,
+        config=StreamConfig(retry_ms=100, cycle_seconds=30),
+        release=lambda: None,
+    )
+    pending: asyncio.Future[bytes] | None = None
+    try:
+        assert await asyncio.wait_for(anext(stream), 5) == b"retry: 100\n\n"
+        pending = asyncio.ensure_future(anext(stream))
+        sub = await parked(fanout, session_id)
+
+        # A checkpoint commits; its wake-up arrives, then the next step's part and
+        # first delta, before the channel has read anything.
+        async with state.database.write() as db:
+            session = await sessions_service.lock_session(db, session_id)
+            assert session is not None
+            await checkpoint.append_user_message(
+                db,
+                session,
+                content=[{"type": "text", "text": "hello"}],
+                visibility="visible",
+                extra={},
+                client_message_id=None,
+                start_turn=False,
+            )
+            sequence = session.last_sequence
+        message_id = uuid7()
+        fanout.deliver(Wakeup(session_id, sequence))
+        fanout.deliver(
+            PartStarted(
+                session_id,
+                message_id,
+                1,
+                None,
+                {"type": "text", "part_id": "part_live", "text": ""},
+            )
+        )
+        fanout.deliver(delta(session_id, message_id, 0, "hi"))
+        channel = fanout.channels[session_id]
+        assert channel.inbox.qsize() == 3, "live items overtook the wake-up's read"
+        seen = names(await asyncio.wait_for(pending, 5))
+        while "delta" not in seen:
+            seen += names(await asyncio.wait_for(anext(stream), 5))
+        assert seen == ["message", "part", "delta"]
+
+        # Nothing ahead: a delta goes to the subscriber in the same call.
+        pending = asyncio.ensure_future(anext(stream))
+        sub = await parked(fanout, session_id)
+        fanout.deliver(delta(session_id, message_id, 2, " there"))
+        assert channel.inbox.empty() and len(sub.pending) == 1
+        assert names(await asyncio.wait_for(pending, 5)) == ["delta"]
+
+        # Three deltas queued while the stream waited go out as one chunk, in order.
+        pending = asyncio.ensure_future(anext(stream))
+        await parked(fanout, session_id)
+        for offset, text in ((8, "a"), (9, "b"), (10, "c")):
+            fanout.deliver(delta(session_id, message_id, offset, text))
+        chunk = await asyncio.wait_for(pending, 5)
+        assert names(chunk) == ["delta", "delta", "delta"]
+        assert re.findall(rb'"text":"(\w)"', chunk) == [b"a", b"b", b"c"]
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pending
+        await stream.aclose()  # type: ignore[attr-defined]
+        await fanout.close()
