@@ -14,9 +14,9 @@ refuses, or a refusal of the service (which writes nothing), goes on to FastAPI 
 the body read here, and FastAPI answers it as it would have. Both paths run the same
 service functions, so they answer the same bytes; what this path does itself is what
 the middleware would: an `X-Request-Id` (the caller's, if valid), the rate limit, and
-problem+json for a failure. It sets the request and session ids as the context of log lines only while
-uvicorn writes access lines (`tag_logs`): otherwise nothing here logs but a failure,
-which names its request itself.
+problem+json for a failure. It sets the request and session ids as the context of log
+lines only while uvicorn writes access lines (`tag_logs`): otherwise nothing here logs
+but a failure, which names its request itself.
 """
 
 import json

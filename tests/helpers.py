@@ -26,6 +26,7 @@ from sqlalchemy import select
 
 from app.db import models
 from app.db.session import Database
+from app.live.items import TextDelta
 from tests.conftest import (
     LANES,
     ROOT,
@@ -466,3 +467,35 @@ def api_fixture() -> Any:
             yield client
 
     return api
+
+
+def frame_names(chunk: bytes) -> list[str]:
+    """The event names of the SSE frames in one chunk a stream wrote (a chunk holds
+    every frame that was queued when it was written)."""
+    return [
+        frame.split(b"\n", 1)[0].decode().removeprefix("event: ")
+        for frame in chunk.split(b"\n\n")
+        if frame.startswith(b"event: ")
+    ]
+
+
+def text_delta(
+    session_id: uuid.UUID,
+    message_id: uuid.UUID,
+    offset: int,
+    text: str,
+    part_id: str = "agent-text:1",
+) -> TextDelta:
+    """A live text delta of revision 1, as a runner publishes it."""
+    return TextDelta(
+        session_id,
+        message_id,
+        1,
+        None,
+        part_id,
+        offset,
+        text,
+        "output.message.delta",
+        f"event_{uuid.uuid4().hex}",
+        "2026-01-01T00:00:00.000Z",
+    )

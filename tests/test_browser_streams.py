@@ -26,13 +26,13 @@ from tests.helpers import (
     list_messages,
     live_server_fixture,
     post_message,
+    text_delta,
     text_of,
     utf16_units,
     uuid_of,
     wait_idle,
 )
 from tests.sse_client import (
-    DELTA,
     Frame,
     agent_done,
     events,
@@ -149,23 +149,6 @@ async def test_a_late_joiner_continues_astral_text_at_its_utf16_length(
 # ---- UTF-16 offsets where the server trims and splits -----------------------------------
 
 
-def _delta(
-    session_id: uuid.UUID, message_id: uuid.UUID, offset: int, text: str
-) -> TextDelta:
-    return TextDelta(
-        session_id,
-        message_id,
-        1,
-        None,
-        "agent-text:1",
-        offset,
-        text,
-        DELTA,
-        f"event_{uuid.uuid4().hex}",
-        "2026-01-01T00:00:00.000Z",
-    )
-
-
 def _started(session_id: uuid.UUID, message_id: uuid.UUID, text: str) -> PartStarted:
     part = {"part_id": "agent-text:1", "sequence": 1, "type": "text", "text": text}
     return PartStarted(session_id, message_id, 1, None, part)
@@ -191,7 +174,7 @@ async def test_the_fanout_trims_overlapping_deltas_by_utf16_units(
         assert part.text_length == 3
         # Overlaps "a😀" (3 units) and adds "b🇺🇦" after it.
         fanout.deliver(
-            _delta(session_id, message_id, 0, "a\U0001f600b\U0001f1fa\U0001f1e6")
+            text_delta(session_id, message_id, 0, "a\U0001f600b\U0001f1fa\U0001f1e6")
         )
         trimmed = await _next(sub)
         assert isinstance(trimmed, DeltaOut)
@@ -206,9 +189,9 @@ async def test_the_fanout_trims_overlapping_deltas_by_utf16_units(
         sse = orjson.loads(trimmed.sse_frame.split(b"data: ", 1)[1])["data"]
         assert sse["accumulated"] == "a\U0001f600b\U0001f1fa\U0001f1e6"
         # Wholly known: dropped. Continuing at 8: passed on. Beyond: held back.
-        fanout.deliver(_delta(session_id, message_id, 3, "b"))
-        fanout.deliver(_delta(session_id, message_id, 8, "\u6f22"))
-        fanout.deliver(_delta(session_id, message_id, 10, "x"))
+        fanout.deliver(text_delta(session_id, message_id, 3, "b"))
+        fanout.deliver(text_delta(session_id, message_id, 8, "\u6f22"))
+        fanout.deliver(text_delta(session_id, message_id, 10, "x"))
         follows = await _next(sub)
         assert isinstance(follows, DeltaOut)
         assert (follows.delta.offset, follows.end) == (8, 9)
@@ -242,7 +225,7 @@ async def test_a_stream_trims_a_delta_it_partly_sent_by_utf16_units(
         first = await asyncio.wait_for(anext(stream), 5)
         assert first.startswith(b"event: part\n"), first
         (sub,) = state.fanout.channels[session_id].subscribers
-        delta = _delta(session_id, message_id, 1, "\U0001f600b\U0001f1fa\U0001f1e6")
+        delta = text_delta(session_id, message_id, 1, "\U0001f600b\U0001f1fa\U0001f1e6")
         sub.offer(DeltaOut(delta, b"", b"", 8))
         frame = (await asyncio.wait_for(anext(stream), 5)).decode()
         assert frame.startswith("event: delta\n"), frame
@@ -257,7 +240,7 @@ def test_a_delta_split_for_notify_keeps_utf16_offsets() -> None:
     """A delta too large for one PostgreSQL NOTIFY is cut between code points; each
     piece's offset is where the previous one ends, in UTF-16 units."""
     text = ASTRAL_TEXT * 200
-    item = _delta(uuid.uuid4(), uuid.uuid4(), 7, text)
+    item = text_delta(uuid.uuid4(), uuid.uuid4(), 7, text)
     pieces = [decode(orjson.loads(chunk)) for chunk in split_payload(item)]
     assert len(pieces) > 2
     offset = 7

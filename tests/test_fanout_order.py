@@ -12,40 +12,18 @@ from collections.abc import AsyncIterator
 
 from app.ids import uuid7
 from app.live.fanout import Fanout, Subscription
-from app.live.items import PartStarted, TextDelta, Wakeup
+from app.live.items import PartStarted, Wakeup
 from app.live.streams import StreamConfig, message_mutations
 from app.messages import checkpoint
 from app.sessions import service as sessions_service
 from tests.conftest import Running
-from tests.helpers import create_session, uuid_of, wait_until
-
-DELTA = "output.message.delta"
-
-
-def names(chunk: bytes) -> list[str]:
-    """The event names of the frames in one chunk."""
-    return [
-        frame.split(b"\n", 1)[0].decode().removeprefix("event: ")
-        for frame in chunk.split(b"\n\n")
-        if frame.startswith(b"event: ")
-    ]
-
-
-def delta(
-    session_id: uuid.UUID, message_id: uuid.UUID, offset: int, text: str
-) -> TextDelta:
-    return TextDelta(
-        session_id,
-        message_id,
-        1,
-        None,
-        "part_live",
-        offset,
-        text,
-        DELTA,
-        f"event_{uuid7().hex}",
-        "2026-12-02T00:00:00.000Z",
-    )
+from tests.helpers import (
+    create_session,
+    frame_names,
+    text_delta,
+    uuid_of,
+    wait_until,
+)
 
 
 async def parked(fanout: Fanout, session_id: uuid.UUID) -> Subscription:
@@ -105,31 +83,31 @@ async def test_live_items_queue_behind_a_read_and_skip_the_pump_otherwise(
                 message_id,
                 1,
                 None,
-                {"type": "text", "part_id": "part_live", "text": ""},
+                {"type": "text", "part_id": "agent-text:1", "text": ""},
             )
         )
-        fanout.deliver(delta(session_id, message_id, 0, "hi"))
+        fanout.deliver(text_delta(session_id, message_id, 0, "hi"))
         channel = fanout.channels[session_id]
         assert channel.inbox.qsize() == 3, "live items overtook the wake-up's read"
-        seen = names(await asyncio.wait_for(pending, 5))
+        seen = frame_names(await asyncio.wait_for(pending, 5))
         while "delta" not in seen:
-            seen += names(await asyncio.wait_for(anext(stream), 5))
+            seen += frame_names(await asyncio.wait_for(anext(stream), 5))
         assert seen == ["message", "part", "delta"]
 
         # Nothing ahead: a delta goes to the subscriber in the same call.
         pending = asyncio.ensure_future(anext(stream))
         sub = await parked(fanout, session_id)
-        fanout.deliver(delta(session_id, message_id, 2, " there"))
+        fanout.deliver(text_delta(session_id, message_id, 2, " there"))
         assert channel.inbox.empty() and len(sub.pending) == 1
-        assert names(await asyncio.wait_for(pending, 5)) == ["delta"]
+        assert frame_names(await asyncio.wait_for(pending, 5)) == ["delta"]
 
         # Three deltas queued while the stream waited go out as one chunk, in order.
         pending = asyncio.ensure_future(anext(stream))
         await parked(fanout, session_id)
         for offset, text in ((8, "a"), (9, "b"), (10, "c")):
-            fanout.deliver(delta(session_id, message_id, offset, text))
+            fanout.deliver(text_delta(session_id, message_id, offset, text))
         chunk = await asyncio.wait_for(pending, 5)
-        assert names(chunk) == ["delta", "delta", "delta"]
+        assert frame_names(chunk) == ["delta", "delta", "delta"]
         assert re.findall(rb'"text":"(\w)"', chunk) == [b"a", b"b", b"c"]
     finally:
         if pending is not None and not pending.done():

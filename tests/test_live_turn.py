@@ -17,6 +17,7 @@ from tests.helpers import (
     TURN_EVENTS,
     api_fixture,
     create_session,
+    frame_names,
     list_events,
     list_messages,
     live_server_fixture,
@@ -458,13 +459,7 @@ async def test_connected_means_subscribed(running: Running) -> None:
         posted = await post_message(client, sid, "hello")
         names: list[str] = []
         while "session.idled" not in names:
-            # A chunk holds every frame that was queued when it was written.
-            chunk = await asyncio.wait_for(anext(stream), 5)
-            names.extend(
-                frame.split(b"\n", 1)[0].decode().removeprefix("event: ")
-                for frame in chunk.split(b"\n\n")
-                if frame
-            )
+            names.extend(frame_names(await asyncio.wait_for(anext(stream), 5)))
         assert [n for n in names if n != DELTA][:3] == TURN_EVENTS[:3], (
             f"events committed after `connected` were dropped: got {names} "
             f"(posted {posted['id']})"

@@ -34,6 +34,7 @@ from app.live.fanout import (
     Marker,
     MessageOut,
     PartOut,
+    Subscription,
     WarningOut,
     checkpoint_order,
     message_frame,
@@ -104,6 +105,13 @@ class Batch:
         self.frames.append(frame)
         self.size += len(frame)
 
+    def __bool__(self) -> bool:
+        return bool(self.frames)
+
+    def due(self, sub: Subscription) -> bool:
+        """Whether to write what it holds now: nothing else is queued, or it is full."""
+        return bool(self.frames) and (not sub.pending or self.size >= BATCH_BYTES)
+
     def take(self) -> bytes:
         frames = self.frames
         chunk = frames[0] if len(frames) == 1 else b"".join(frames)
@@ -149,14 +157,14 @@ async def upstream_events(
         sub.deadline = _cycle_deadline(config.cycle_seconds)
         batch = Batch()
         while True:
-            if batch.frames and (not sub.pending or batch.size >= BATCH_BYTES):
+            if batch.due(sub):
                 yield batch.take()
             item = await sub.next()
             if item is None:
                 if sub.overflowed:
                     _overflowed(session_id, sub.limit)
                     batch.add(frames.disconnecting("error", config.retry_ms))
-                if batch.frames:
+                if batch:
                     yield batch.take()
                 return
             # Deltas first: nearly every item of a streaming turn is one.
@@ -170,7 +178,7 @@ async def upstream_events(
                 if item.sequence <= position.sequence:
                     continue
                 if item.sequence > position.sequence + 1:
-                    if batch.frames:
+                    if batch:
                         yield batch.take()
                     async for chunk in _replay_events(
                         database,
@@ -188,7 +196,7 @@ async def upstream_events(
                 if config.keepalive is not None:
                     batch.add(config.keepalive)
             elif item is RESYNC:
-                if batch.frames:
+                if batch:
                     yield batch.take()
                 async for chunk in _replay_events(
                     database, session_id, position, accept, config
@@ -274,7 +282,7 @@ async def message_mutations(
         sub.deadline = _cycle_deadline(config.cycle_seconds)
         batch = Batch()
         while True:
-            if batch.frames and (not sub.pending or batch.size >= BATCH_BYTES):
+            if batch.due(sub):
                 yield batch.take()
             item = await sub.next()
             if item is None:
@@ -282,7 +290,7 @@ async def message_mutations(
                     _overflowed(session_id, sub.limit)
                     batch.add(frames.reset("slow_consumer"))
                     batch.add(frames.disconnecting("error", config.retry_ms))
-                if batch.frames:
+                if batch:
                     yield batch.take()
                 return
             # Deltas first: nearly every item of a streaming turn is one.
@@ -304,7 +312,7 @@ async def message_mutations(
                     batch.add(item.mutation_frame)
             elif isinstance(item, EventOut):
                 if item.sequence > cursor + 1:
-                    if batch.frames:
+                    if batch:
                         yield batch.take()
                     async for chunk in _changed_messages(
                         database,
@@ -335,7 +343,7 @@ async def message_mutations(
                 if config.keepalive is not None:
                     batch.add(config.keepalive)
             elif item is RESYNC:
-                if batch.frames:
+                if batch:
                     yield batch.take()
                 async for chunk in _changed_messages(
                     database, session_id, cursor, None, include_internal
