@@ -19,6 +19,7 @@ lines only while uvicorn writes access lines (`tag_logs`): otherwise nothing her
 but a failure, which names its request itself.
 """
 
+import functools
 import json
 import re
 import time
@@ -264,14 +265,15 @@ class HotRoutes:
             guards.check_message(data, settings)
             if data.controls is not None:
                 state.catalog.require(data.controls.model_id, "controls.model_id")
-            async with state.database.write() as db:
-                answer = await service.create_message(
-                    db,
+            answer = await state.database.transact(
+                functools.partial(
+                    service.create_message,
                     organization_id=caller.organization_id,
                     session_id=uuid.UUID(hex=parts[3][8:]),
                     data=data,
                     admission=state.admission,
                 )
+            )
         except (ValueError, ValidationError, AppError):
             # Refused, and nothing was written: FastAPI's answer is the contract's.
             return replay

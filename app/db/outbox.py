@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 class Outbox:
     # Session -> the highest sequence this transaction committed for it.
     wakeups: dict[uuid.UUID, int] = field(default_factory=dict)
+    # The sessions whose checkpoints here only added user messages (see
+    # app.live.items.Wakeup.input_only).
+    input_only: set[uuid.UUID] = field(default_factory=set)
     # Sessions whose turn this transaction started: the local runner picks them up.
     kicks: set[uuid.UUID] = field(default_factory=set)
     # Sessions this transaction deleted: every process drops what it holds of them.
@@ -18,7 +21,13 @@ class Outbox:
     # An API key was created or revoked: every process re-checks the keys it trusts.
     keys_changed: bool = False
 
-    def wake(self, session_id: uuid.UUID, sequence: int) -> None:
+    def wake(
+        self, session_id: uuid.UUID, sequence: int, *, input_only: bool = False
+    ) -> None:
+        if input_only and session_id not in self.wakeups:
+            self.input_only.add(session_id)
+        elif not input_only:
+            self.input_only.discard(session_id)
         if sequence > self.wakeups.get(session_id, 0):
             self.wakeups[session_id] = sequence
 

@@ -1,10 +1,10 @@
 """The Database handle: read and write units of work. Services never commit; these do."""
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
@@ -15,8 +15,10 @@ from sqlalchemy.ext.asyncio import (
 
 from app.db.engine import create_engines
 from app.db.outbox import Outbox
-from app.db.writes import Write, new_write
+from app.db.writes import SessionChanged, SessionHeads, Write, new_write
 from app.settings import Settings
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from app.metrics import Metrics
@@ -40,6 +42,9 @@ class Database:
 
     def __post_init__(self) -> None:
         self._read = async_sessionmaker(self.reader, expire_on_commit=False)
+        # The session rows as this process's commits left them (PostgreSQL only: see
+        # app.db.writes, optimistic units).
+        self.heads = SessionHeads() if self.dialect == "postgresql" else None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Database":
@@ -50,10 +55,24 @@ class Database:
     def dialect(self) -> str:
         return self.writer.dialect.name
 
+    async def transact(self, work: Callable[[Write], Awaitable[T]]) -> T:
+        """`work` in an optimistic write unit (its session row assumed from the heads,
+        its checkpoint one statement), and again in a pessimistic one if the row was not
+        as assumed. `work` must be safe to run twice: it runs again only when the first
+        unit wrote nothing."""
+        if self.heads is not None:
+            try:
+                async with self.write(optimistic=True) as db:
+                    return await work(db)
+            except SessionChanged:
+                pass
+        async with self.write() as db:
+            return await work(db)
+
     @asynccontextmanager
-    async def write(self) -> AsyncIterator[Write]:
+    async def write(self, *, optimistic: bool = False) -> AsyncIterator[Write]:
         """A write unit of work: commits on success, rolls back on any exception."""
-        db = new_write(self.writer)
+        db = new_write(self.writer, self.heads if optimistic else None)
         try:
             yield db
             if self.hooks is not None:
@@ -64,7 +83,9 @@ class Database:
                 self.metrics.checkpoints.observe(
                     ("committed",), time.perf_counter() - started
                 )
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, SessionChanged) and self.heads is not None:
+                self.heads.discard(exc.session_id)
             began, started = db.began, time.perf_counter()
             await db.rollback()
             if self.metrics is not None and began:
@@ -74,6 +95,9 @@ class Database:
             raise
         finally:
             await db.close()
+        if self.heads is not None:
+            for head in db.written.values():
+                self.heads.put(head)
         # Publish only after the commit: nothing is announced for a rolled-back change.
         if self.hooks is not None and db.outbox:
             self.hooks.after_commit(db.outbox)

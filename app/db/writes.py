@@ -13,13 +13,21 @@ The unit owns the transaction at the driver level: BEGIN goes out with its first
 statement, COMMIT at the end. The SQLAlchemy connection it was checked out as is in
 AUTOCOMMIT mode, so Core statements of the cold paths (`await db.core()`) run inside the
 same transaction and SQLAlchemy never begins or commits one of its own.
+
+On PostgreSQL a unit can also be optimistic: `lock_session` then answers from the
+session heads this process committed last (`SessionHeads`) instead of locking, and a
+unit that only writes one checkpoint sends it at commit as a single statement with its
+NOTIFYs, conditional on the row still being what the head says (one round trip instead
+of four). A unit that does anything more locks the row first, as a pessimistic one
+does. If the row changed, nothing is written and the unit raises `SessionChanged`: the
+caller runs it again, pessimistically (`Database.transact`).
 """
 
 import re
 import sqlite3
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -87,6 +95,44 @@ class StaleMessage(Exception):
 class DuplicateMessage(Exception):
     """The session already has a message with this client_message_id: nothing of the
     checkpoint was written."""
+
+
+class SessionChanged(Exception):
+    """An optimistic unit of work found the session row not as its head said (or the
+    checkpoint's client_message_id taken): nothing was written. Run the unit again,
+    locking the row."""
+
+    def __init__(self, session_id: uuid.UUID) -> None:
+        super().__init__(f"session {session_id} is not as assumed")
+        self.session_id = session_id
+
+
+class SessionHeads:
+    """The session rows as this process's own commits left them, newest first out:
+    what an optimistic unit of work assumes instead of locking. A head may be stale
+    (another process, or a statement outside the checkpoint path, changed the row):
+    the optimistic write checks every column it assumes, so a stale head costs one
+    failed statement, never a wrong write."""
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self.capacity = capacity
+        self._heads: dict[uuid.UUID, LockedSession] = {}
+
+    def get(self, session_id: uuid.UUID) -> LockedSession | None:
+        head = self._heads.get(session_id)
+        return None if head is None else replace(head)
+
+    def put(self, head: LockedSession) -> None:
+        held = self._heads.pop(head.id, None)
+        # Commits of one session can publish out of order: keep the newest.
+        if held is not None and held.last_sequence > head.last_sequence:
+            head = held
+        self._heads[head.id] = head
+        if len(self._heads) > self.capacity:
+            del self._heads[next(iter(self._heads))]
+
+    def discard(self, session_id: uuid.UUID) -> None:
+        self._heads.pop(session_id, None)
 
 
 # ---- SQL -------------------------------------------------------------------------------
@@ -160,6 +206,46 @@ PG_CHECKPOINT = {
     f" e AS ({PG_INSERT_EVENTS} WHERE {_IF_WRITTEN}) SELECT count(*) FROM m",
     None: f"WITH s AS ({UPDATE_SESSION}), e AS ({PG_INSERT_EVENTS}) SELECT 1",
 }
+
+# PostgreSQL, optimistic: the checkpoint of a session row this unit did not lock, in one
+# statement that commits on its own. The session is written only if every column the
+# head assumed still holds (UPDATE waits for a concurrent writer's lock and then checks
+# the row as that writer left it); the message and events only if the session was;
+# the NOTIFYs go out only if it was. A repeated client_message_id fails the statement
+# (nothing is written; the pessimistic rerun answers it).
+_IF_ASSUMED = """
+    AND organization_id = :was_organization_id AND status = :was_status
+    AND last_sequence = :was_last_sequence
+    AND last_input_sequence = :was_last_input_sequence
+    AND active_turn_id IS NOT DISTINCT FROM :was_active_turn_id::uuid
+    AND (cancel_requested_at IS NOT NULL) = :was_cancel_requested
+    AND visible_message_count = :was_visible_message_count
+    AND internal_message_count = :was_internal_message_count
+    AND runner_epoch = :was_runner_epoch
+RETURNING 1"""
+
+_INSERT_MESSAGE_IF_ASSUMED = """
+INSERT INTO messages (id, session_id, sequence, role, state, visibility, revision,
+    turn_id, client_message_id, content, extra, snapshot, changed_sequence,
+    created_at, updated_at)
+SELECT :message_id::uuid, :session_id, :sequence::integer, :role::text, :state::text,
+    :visibility::text, :revision::integer, :turn_id::uuid, :client_message_id::text,
+    :content::jsonb, :extra::jsonb, :snapshot::text, :changed_sequence::integer,
+    :created_at::timestamptz, :updated_at::timestamptz
+WHERE EXISTS (SELECT 1 FROM s)"""
+
+_NOTIFY_IF_ASSUMED = """
+SELECT (SELECT count(*) FROM m),
+    (SELECT count(pg_notify(n.channel, n.payload)) FROM s,
+        unnest(:channels::text[], :payloads::text[]) AS n(channel, payload))"""
+
+# Only a new message's checkpoint goes optimistic: the message cannot be stale, so the
+# session row is the only thing assumed (an update would assume the message too).
+PG_OPTIMISTIC_INSERT = (
+    f"WITH s AS ({UPDATE_SESSION}{_IF_ASSUMED}),"
+    f" m AS ({_INSERT_MESSAGE_IF_ASSUMED} RETURNING 1),"
+    f" e AS ({PG_INSERT_EVENTS} WHERE EXISTS (SELECT 1 FROM s)){_NOTIFY_IF_ASSUMED}"
+)
 
 MESSAGE_COLUMNS = """id, session_id, sequence, role, state, visibility, revision,
     turn_id, client_message_id, content, extra, snapshot, changed_sequence,
@@ -282,6 +368,8 @@ class Write:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.outbox = Outbox()
+        # The session rows as this unit wrote them (for SessionHeads, once it commits).
+        self.written: dict[uuid.UUID, LockedSession] = {}
         self._engine = engine
         # Checked out at the first statement: a request refused before it touches the
         # database never takes a connection from the pool.
@@ -423,12 +511,25 @@ PG_UNAVAILABLE = (
 )
 
 
+@dataclass(slots=True)
+class _Deferred:
+    """An optimistic checkpoint, sent at commit."""
+
+    session: LockedSession
+    values: dict[str, Any]
+
+
 class PgWrite(Write):
     _statements: ClassVar[dict[str, Statement]] = {}
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, heads: SessionHeads | None = None) -> None:
         super().__init__(engine)
-        self._notifications: list[str] = []
+        self._notifications: list[tuple[str, str]] = []
+        # Optimistic units only: the heads to assume, the rows assumed (as assumed),
+        # and the one checkpoint deferred to commit.
+        self._heads = heads
+        self._assumed: dict[uuid.UUID, LockedSession] = {}
+        self._deferred: _Deferred | None = None
 
     def _statement(self, sql: str) -> Statement:
         statement = self._statements.get(sql)
@@ -448,9 +549,32 @@ class PgWrite(Write):
             except PG_UNAVAILABLE as exc:
                 raise self._unavailable(exc, "BEGIN") from exc
             self._begun = True
+            if self._assumed:
+                await self._lock_assumed()
+
+    async def _lock_assumed(self) -> None:
+        """The unit does more than one deferred checkpoint: lock the rows it assumed
+        and go on as a pessimistic unit, if they are as assumed (else SessionChanged)."""
+        assumed, self._assumed = self._assumed, {}
+        for session_id, head in assumed.items():
+            locked = await self.lock_session(session_id)
+            if locked != head:
+                raise SessionChanged(session_id)
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            rows = await self._fetch(PG_CHECKPOINT["insert"], **deferred.values)
+            if rows[0][0] != 1:
+                raise SessionChanged(deferred.session.id)
 
     async def _fetch(self, sql: str, **values: Any) -> list[Sequence[Any]]:
         await self._begin()
+        return await self._fetch_as_is(sql, values)
+
+    async def _fetch_as_is(
+        self, sql: str, values: dict[str, Any]
+    ) -> list[Sequence[Any]]:
+        """The statement in whatever transaction state the connection is in."""
+        await self._connect()
         statement = self._statement(sql)
         try:
             rows: list[Sequence[Any]] = await self._driver.fetch(
@@ -477,6 +601,11 @@ class PgWrite(Write):
         return [MessageRow(*row) for row in await self._fetch(sql, **values)]
 
     async def lock_session(self, session_id: uuid.UUID) -> LockedSession | None:
+        if self._heads is not None and not self._begun:
+            head = self._heads.get(session_id)
+            if head is not None and session_id not in self._assumed:
+                self._assumed[session_id] = replace(head)
+                return head
         rows = await self._fetch(LOCK_SESSION + " FOR UPDATE", session_id=session_id)
         return LockedSession(session_id, *rows[0]) if rows else None
 
@@ -509,19 +638,58 @@ class PgWrite(Write):
         kind = None if message is None else "insert" if inserted else "update"
         if message is not None:
             values.update(_message_values(message))
+        if (
+            kind == "insert"
+            and not self._begun
+            and self._deferred is None
+            and session.id in self._assumed
+        ):
+            self._deferred = _Deferred(replace(session), values)
+            self.written[session.id] = replace(session)
+            return
         rows = await self._fetch(PG_CHECKPOINT[kind], **values)
         if message is not None and rows[0][0] != 1:
             raise _not_written(message, inserted)
+        self.written[session.id] = replace(session)
 
     def notify(self, channel: str, payload: str) -> None:
-        self._notifications.append(
-            f"SELECT pg_notify({_pg_literal(channel)}, {_pg_literal(payload)})"
-        )
+        self._notifications.append((channel, payload))
+
+    async def _commit_deferred(self, deferred: _Deferred) -> None:
+        values = deferred.values
+        head = self._assumed[deferred.session.id]
+        for name in (
+            "organization_id",
+            "status",
+            "last_sequence",
+            "last_input_sequence",
+            "active_turn_id",
+            "cancel_requested",
+            "visible_message_count",
+            "internal_message_count",
+            "runner_epoch",
+        ):
+            values["was_" + name] = getattr(head, name)
+        values["channels"] = [channel for channel, _ in self._notifications]
+        values["payloads"] = [payload for _, payload in self._notifications]
+        try:
+            rows = await self._fetch_as_is(PG_OPTIMISTIC_INSERT, values)
+        except asyncpg.UniqueViolationError as exc:
+            raise SessionChanged(deferred.session.id) from exc
+        if rows[0][0] != 1:
+            raise SessionChanged(deferred.session.id)
 
     async def commit(self) -> None:
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            await self._commit_deferred(deferred)
+            return
         # The NOTIFYs travel with COMMIT in one simple-query round trip (they are only
         # delivered at commit anyway).
-        script = "; ".join(self._notifications)
+        script = "; ".join(
+            f"SELECT pg_notify({_pg_literal(channel)}, {_pg_literal(payload)})"
+            for channel, payload in self._notifications
+        )
         if self._begun:
             script = f"{script}; COMMIT" if script else "COMMIT"
         if not script:
@@ -714,8 +882,10 @@ class SqliteWrite(Write):
                 self.broken = True
 
 
-def new_write(engine: AsyncEngine) -> Write:
-    """A write unit of work on the writer engine (AUTOCOMMIT connections)."""
+def new_write(engine: AsyncEngine, heads: SessionHeads | None = None) -> Write:
+    """A write unit of work on the writer engine (AUTOCOMMIT connections); optimistic
+    with `heads` (PostgreSQL: on SQLite the lock is a local statement, and the unit
+    holds the database write lock from its first statement anyway)."""
     if engine.dialect.name == "postgresql":
-        return PgWrite(engine)
+        return PgWrite(engine, heads)
     return SqliteWrite(engine)

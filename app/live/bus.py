@@ -94,7 +94,7 @@ class MemoryBus(Bus):
 
     def after_commit(self, outbox: Outbox) -> None:
         for session_id, sequence in outbox.wakeups.items():
-            self.sink(Wakeup(session_id, sequence))
+            self.sink(Wakeup(session_id, sequence, session_id in outbox.input_only))
         for session_id in outbox.deleted:
             self.sink(Deleted(session_id))
         if outbox.keys_changed:
@@ -116,6 +116,8 @@ def _asyncpg_dsn(url: str) -> str:
 
 def encode(item: BusItem) -> dict[str, Any]:
     if isinstance(item, Wakeup):
+        if item.input_only:
+            return {"k": "w", "s": item.session_id.hex, "q": item.sequence, "i": 1}
         return {"k": "w", "s": item.session_id.hex, "q": item.sequence}
     if isinstance(item, TextDelta):
         return {
@@ -167,7 +169,7 @@ def encode(item: BusItem) -> dict[str, Any]:
 def decode(data: dict[str, Any]) -> BusItem:
     kind = data["k"]
     if kind == "w":
-        return Wakeup(uuid.UUID(hex=data["s"]), int(data["q"]))
+        return Wakeup(uuid.UUID(hex=data["s"]), int(data["q"]), "i" in data)
     if kind == "d":
         return TextDelta(
             uuid.UUID(hex=data["s"]),
@@ -311,7 +313,9 @@ class PgBus(Bus):
     async def before_commit(self, db: Write) -> None:
         # NOTIFY is transactional: delivered at COMMIT, discarded on ROLLBACK.
         outbox = db.outbox
-        items: list[BusItem] = [Wakeup(s, q) for s, q in outbox.wakeups.items()]
+        items: list[BusItem] = [
+            Wakeup(s, q, s in outbox.input_only) for s, q in outbox.wakeups.items()
+        ]
         items += [Deleted(s) for s in outbox.deleted]
         if outbox.keys_changed:
             items.append(KeysChanged())

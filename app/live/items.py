@@ -13,6 +13,10 @@ class Wakeup:
 
     session_id: uuid.UUID
     sequence: int
+    # Those checkpoints only added user messages: nothing a running step reacts to (a
+    # cancel request, an Action on its message, a decision), so its runner need not
+    # look (the next step reads the input).
+    input_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)

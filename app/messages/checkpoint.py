@@ -122,6 +122,7 @@ async def _commit(
     inserted: bool = False,
     started: bool = False,
     finished: bool = False,
+    input_only: bool = False,
 ) -> Checkpoint:
     """Number the events after the session's last sequence and write the checkpoint.
     The message, if any, is already rendered."""
@@ -139,7 +140,7 @@ async def _commit(
         started=started,
         finished=finished,
     )
-    db.outbox.wake(session.id, session.last_sequence)
+    db.outbox.wake(session.id, session.last_sequence, input_only=input_only)
     return Checkpoint(message=message, events=events)
 
 
@@ -221,7 +222,14 @@ async def append_user_message(
         session.status = "active"
         session.cancel_requested = False
     checkpoint = await _commit(
-        db, session, now, message, specs, inserted=True, started=starting
+        db,
+        session,
+        now,
+        message,
+        specs,
+        inserted=True,
+        started=starting,
+        input_only=True,
     )
     return checkpoint, turn_id
 

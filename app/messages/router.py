@@ -1,6 +1,7 @@
 """Message routes: create (and wait for its turn), list (the seed's pagination) and
 read one snapshot."""
 
+import functools
 import uuid
 from typing import Annotated
 
@@ -78,14 +79,15 @@ async def create_message(
     slot = state.limits.acquire(session_id, "wait") if wait else None
     try:
         # The unit of work commits here, before any wait: the turn must see it.
-        async with state.database.write() as db:
-            body = await service.create_message(
-                db,
+        body = await state.database.transact(
+            functools.partial(
+                service.create_message,
                 organization_id=org,
                 session_id=session_id,
                 data=data,
                 admission=state.admission,
             )
+        )
         if slot is None:
             return wire.json_response(body, 201)
         return await _wait_for_turn(state, session_id, body, timeout_ms)

@@ -247,12 +247,16 @@ def database_class() -> type["Database"]:
 
     class TracedDatabase(Database):
         @asynccontextmanager
-        async def write(self) -> AsyncIterator["Write"]:
+        async def write(self, *, optimistic: bool = False) -> AsyncIterator["Write"]:
             assert tracer is not None
             with tracer.start_as_current_span(
-                "checkpoint", attributes={"db.system.name": self.dialect}
+                "checkpoint",
+                attributes={
+                    "db.system.name": self.dialect,
+                    "evermirror.optimistic": optimistic,
+                },
             ):
-                async with super().write() as db:
+                async with super().write(optimistic=optimistic) as db:
                     yield db
 
     return TracedDatabase

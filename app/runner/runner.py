@@ -360,7 +360,7 @@ class TurnRunner:
         if isinstance(item, Kick):
             self.kick(item.session_id)
         elif isinstance(item, Wakeup):
-            watch = self.watches.get(item.session_id)
+            watch = None if item.input_only else self.watches.get(item.session_id)
             if watch is not None:
                 watch.set()
         elif isinstance(item, RepublishParts):

@@ -1,0 +1,263 @@
+"""Optimistic write units (PostgreSQL): a message that steers a running turn is written
+in one statement that assumes the session row as this process last committed it. When
+the row changed meanwhile (another process wrote, a cancel was requested, the session
+was deleted, the client_message_id is taken) nothing of the optimistic attempt is
+written and the unit runs again, locking: the answers and the stored rows are exactly
+what a locking unit would have produced."""
+
+import uuid
+from typing import Any
+
+import orjson
+import pytest
+from sqlalchemy import text
+
+from app.db.session import Database
+from app.db.writes import LockedSession, PgWrite, SessionChanged, SessionHeads
+from app.errors import SessionNotFound
+from app.ids import DEFAULT_ORG_ID
+from app.live.bus import decode, encode
+from app.live.items import Wakeup
+from app.messages import schemas, service
+from app.settings import Settings
+from app.sessions import schemas as session_schemas, service as sessions_service
+from tests.conftest import Running
+
+
+@pytest.fixture
+async def handles(running: Running, settings: Settings) -> Any:
+    """Two handles on the migrated database, as two processes would hold them (each
+    its own heads), without a bus or runner: nothing writes but the test."""
+    if not settings.database_url.startswith("postgresql"):
+        pytest.skip("needs PostgreSQL (set TEST_DATABASE_URL)")
+    first, second = Database.from_settings(settings), Database.from_settings(settings)
+    yield first, second
+    await first.dispose()
+    await second.dispose()
+
+
+@pytest.fixture
+def optimistic(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """How each one-statement write ended: "written" or "changed"."""
+    outcomes: list[str] = []
+    commit = PgWrite._commit_deferred
+
+    async def counted(self: PgWrite, deferred: Any) -> None:
+        try:
+            await commit(self, deferred)
+        except SessionChanged:
+            outcomes.append("changed")
+            raise
+        outcomes.append("written")
+
+    monkeypatch.setattr(PgWrite, "_commit_deferred", counted)
+    return outcomes
+
+
+async def new_session(handle: Database) -> uuid.UUID:
+    async with handle.write() as db:
+        session = await sessions_service.create_session(
+            db, organization_id=DEFAULT_ORG_ID, data=session_schemas.SessionCreate()
+        )
+    return session.id
+
+
+async def post(
+    handle: Database, session_id: uuid.UUID, said: str, client_id: str | None = None
+) -> dict[str, Any]:
+    data = schemas.MessageCreate.model_validate(
+        {
+            "client_message_id": client_id,
+            "message": {"content": [{"type": "text", "text": said}]},
+        }
+    )
+
+    async def work(db: Any) -> bytes:
+        return await service.create_message(
+            db, organization_id=DEFAULT_ORG_ID, session_id=session_id, data=data
+        )
+
+    body: dict[str, Any] = orjson.loads(await handle.transact(work))
+    return body
+
+
+async def stored(handle: Database, session_id: uuid.UUID) -> dict[str, Any]:
+    async with handle.statements() as conn:
+        row = (
+            await conn.execute(
+                text(
+                    "SELECT last_sequence, last_input_sequence, visible_message_count,"
+                    " (SELECT array_agg(sequence ORDER BY sequence) FROM events"
+                    "  WHERE session_id = s.id),"
+                    " (SELECT array_agg(sequence ORDER BY sequence) FROM messages"
+                    "  WHERE session_id = s.id)"
+                    " FROM sessions s WHERE id = :id"
+                ),
+                {"id": session_id},
+            )
+        ).one()
+    return {
+        "last_sequence": row[0],
+        "last_input_sequence": row[1],
+        "visible": row[2],
+        "events": row[3],
+        "messages": row[4],
+    }
+
+
+def head(handle: Database, session_id: uuid.UUID) -> LockedSession | None:
+    assert handle.heads is not None
+    return handle.heads.get(session_id)
+
+
+async def test_a_steering_message_is_one_statement_on_the_head_it_assumes(
+    handles: tuple[Database, Database], optimistic: list[str]
+) -> None:
+    first, _ = handles
+    sid = await new_session(first)
+    started = await post(first, sid, "start")
+    assert started["delivery"] == "started"
+    # The unit that started the turn left the head of what it wrote.
+    known = head(first, sid)
+    assert known is not None and known.active_turn_id is not None
+    steered = await post(first, sid, "steer")
+    assert steered["delivery"] == "steered"
+    assert optimistic == ["written"]
+    assert steered["sequence"] == known.last_sequence + 1
+    after = head(first, sid)
+    assert after is not None and after.last_sequence == steered["sequence"]
+    assert after.last_input_sequence == steered["sequence"]
+    row = await stored(first, sid)
+    assert row["events"] == list(range(1, row["last_sequence"] + 1))
+    assert row["last_input_sequence"] == steered["sequence"]
+    assert row["visible"] == 2
+
+
+async def test_a_write_by_another_process_makes_the_head_stale_and_is_kept(
+    handles: tuple[Database, Database], optimistic: list[str]
+) -> None:
+    first, second = handles
+    sid = await new_session(first)
+    await post(first, sid, "start")
+    await post(first, sid, "steer once")
+    stale = head(first, sid)
+    # Another process steers: its commit moves the row past what `first` assumes.
+    other = await post(second, sid, "from elsewhere")
+    assert other["delivery"] == "steered"
+    optimistic.clear()
+    mine = await post(first, sid, "steer again")
+    assert mine["delivery"] == "steered"
+    # Assumed, refused, written again locking.
+    assert optimistic == ["changed"]
+    assert stale is not None and mine["sequence"] == other["sequence"] + 1
+    row = await stored(first, sid)
+    # Dense, nothing lost and nothing written twice.
+    assert row["events"] == list(range(1, row["last_sequence"] + 1))
+    assert row["visible"] == 4
+    assert row["last_input_sequence"] == mine["sequence"]
+    refreshed = head(first, sid)
+    assert refreshed is not None and refreshed.last_sequence == mine["sequence"]
+
+
+async def test_a_cancel_request_made_elsewhere_is_not_written_over(
+    handles: tuple[Database, Database], optimistic: list[str]
+) -> None:
+    """The optimistic write sets every column it assumes: a cancel requested since
+    (by a statement outside the checkpoint path) must survive the steering message."""
+    first, second = handles
+    sid = await new_session(first)
+    await post(first, sid, "start")
+    async with second.write() as db:
+        assert await sessions_service.cancel_turn(
+            db, organization_id=DEFAULT_ORG_ID, session_id=sid
+        )
+    await post(first, sid, "steer after the cancel")
+    assert optimistic == ["changed"]
+    async with first.statements() as conn:
+        requested = await conn.scalar(
+            text("SELECT cancel_requested_at FROM sessions WHERE id = :id"), {"id": sid}
+        )
+    assert requested is not None
+
+
+async def test_a_repeated_client_message_id_is_answered_as_a_duplicate(
+    handles: tuple[Database, Database], optimistic: list[str]
+) -> None:
+    first, _ = handles
+    sid = await new_session(first)
+    await post(first, sid, "start")
+    once = await post(first, sid, "steer", client_id="retry-1")
+    again = await post(first, sid, "steer", client_id="retry-1")
+    assert once["delivery"] == "steered"
+    assert again["delivery"] == "duplicate"
+    assert optimistic == ["written", "changed"]
+    assert again["id"] == once["id"]
+    row = await stored(first, sid)
+    assert row["visible"] == 2
+    assert row["events"] == list(range(1, row["last_sequence"] + 1))
+
+
+async def test_a_session_deleted_elsewhere_is_not_found(
+    handles: tuple[Database, Database],
+) -> None:
+    first, second = handles
+    sid = await new_session(first)
+    await post(first, sid, "start")
+    assert head(first, sid) is not None
+    async with second.write() as db:
+        await sessions_service.delete_session(
+            db, organization_id=DEFAULT_ORG_ID, session_id=sid
+        )
+    with pytest.raises(SessionNotFound):
+        await post(first, sid, "steer a deleted session")
+    # The failed assumption dropped the head.
+    assert head(first, sid) is None
+
+
+async def test_another_organization_never_writes_through_a_head(
+    handles: tuple[Database, Database],
+) -> None:
+    first, _ = handles
+    sid = await new_session(first)
+    await post(first, sid, "start")
+    data = schemas.MessageCreate.model_validate(
+        {"message": {"content": [{"type": "text", "text": "not yours"}]}}
+    )
+    with pytest.raises(SessionNotFound):
+        await first.transact(
+            lambda db: service.create_message(
+                db, organization_id=uuid.uuid4(), session_id=sid, data=data
+            )
+        )
+    assert (await stored(first, sid))["visible"] == 1
+
+
+def test_heads_are_bounded_and_keep_the_newest() -> None:
+    heads = SessionHeads(capacity=2)
+    ids = [uuid.uuid4() for _ in range(3)]
+
+    def at(session_id: uuid.UUID, sequence: int) -> LockedSession:
+        return LockedSession(
+            session_id, DEFAULT_ORG_ID, "active", sequence, sequence, None, False, 1, 0, 1
+        )
+
+    heads.put(at(ids[0], 5))
+    heads.put(at(ids[0], 3))  # an older commit published late
+    held = heads.get(ids[0])
+    assert held is not None and held.last_sequence == 5
+    heads.put(at(ids[1], 1))
+    heads.put(at(ids[2], 1))
+    assert heads.get(ids[0]) is None  # the least recently written went first
+    assert heads.get(ids[1]) is not None and heads.get(ids[2]) is not None
+    # A copy: a unit changing what it got does not change the head.
+    copy = heads.get(ids[1])
+    assert copy is not None
+    copy.last_sequence = 99
+    again = heads.get(ids[1])
+    assert again is not None and again.last_sequence == 1
+
+
+def test_wakeups_say_whether_they_only_carry_input() -> None:
+    sid = uuid.uuid4()
+    for item in (Wakeup(sid, 7), Wakeup(sid, 8, input_only=True)):
+        assert decode(encode(item)) == item
