@@ -5,6 +5,7 @@ was deleted, the client_message_id is taken) nothing of the optimistic attempt i
 written and the unit runs again, locking: the answers and the stored rows are exactly
 what a locking unit would have produced."""
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -12,15 +13,16 @@ import orjson
 import pytest
 from sqlalchemy import text
 
+from app.db.batch import CheckpointBatcher
 from app.db.session import Database
-from app.db.writes import LockedSession, PgWrite, SessionChanged, SessionHeads
+from app.db.writes import LockedSession, SessionChanged, SessionHeads
 from app.errors import SessionNotFound
 from app.ids import DEFAULT_ORG_ID
 from app.live.bus import decode, encode
 from app.live.items import Wakeup
 from app.messages import schemas, service
-from app.settings import Settings
 from app.sessions import schemas as session_schemas, service as sessions_service
+from app.settings import Settings
 from tests.conftest import Running
 
 
@@ -40,17 +42,17 @@ async def handles(running: Running, settings: Settings) -> Any:
 def optimistic(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """How each one-statement write ended: "written" or "changed"."""
     outcomes: list[str] = []
-    commit = PgWrite._commit_deferred
+    commit = CheckpointBatcher.commit
 
-    async def counted(self: PgWrite, deferred: Any) -> None:
+    async def counted(self: CheckpointBatcher, item: Any) -> None:
         try:
-            await commit(self, deferred)
+            await commit(self, item)
         except SessionChanged:
             outcomes.append("changed")
             raise
         outcomes.append("written")
 
-    monkeypatch.setattr(PgWrite, "_commit_deferred", counted)
+    monkeypatch.setattr(CheckpointBatcher, "commit", counted)
     return outcomes
 
 
@@ -238,7 +240,16 @@ def test_heads_are_bounded_and_keep_the_newest() -> None:
 
     def at(session_id: uuid.UUID, sequence: int) -> LockedSession:
         return LockedSession(
-            session_id, DEFAULT_ORG_ID, "active", sequence, sequence, None, False, 1, 0, 1
+            session_id,
+            DEFAULT_ORG_ID,
+            "active",
+            sequence,
+            sequence,
+            None,
+            False,
+            1,
+            0,
+            1,
         )
 
     heads.put(at(ids[0], 5))
@@ -261,3 +272,42 @@ def test_wakeups_say_whether_they_only_carry_input() -> None:
     sid = uuid.uuid4()
     for item in (Wakeup(sid, 7), Wakeup(sid, 8, input_only=True)):
         assert decode(encode(item)) == item
+
+
+async def test_concurrent_writers_of_two_processes_share_batches_and_lose_nothing(
+    handles: tuple[Database, Database], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steering messages posted at once, to the same sessions, from two processes:
+    checkpoints share statements (one per session per batch), and every message is
+    stored once, at its own sequence, with the events dense."""
+    sizes: list[int] = []
+    write = CheckpointBatcher._write
+
+    async def measured(self: CheckpointBatcher, batch: list[Any]) -> None:
+        sizes.append(len(batch))
+        await write(self, batch)
+
+    monkeypatch.setattr(CheckpointBatcher, "_write", measured)
+    first, second = handles
+    sessions = [await new_session(first) for _ in range(6)]
+    for sid in sessions:
+        await post(first, sid, "start")
+    answers = await asyncio.gather(
+        *(
+            post(handle, sid, f"{index}", client_id=f"{sid}-{name}-{index}")
+            for index in range(15)
+            for sid in sessions
+            for name, handle in (("a", first), ("b", second))
+        )
+    )
+    assert {a["delivery"] for a in answers} == {"steered"}
+    assert max(sizes) > 1
+    for sid in sessions:
+        mine = sorted(
+            a["sequence"] for a in answers if a["session_id"] == f"session_{sid.hex}"
+        )
+        row = await stored(first, sid)
+        assert len(mine) == len(set(mine)) == 30
+        assert row["visible"] == 31
+        assert row["events"] == list(range(1, row["last_sequence"] + 1))
+        assert row["last_input_sequence"] == max(mine)

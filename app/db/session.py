@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
 )
 
+from app.db.batch import CheckpointBatcher
 from app.db.engine import create_engines
 from app.db.outbox import Outbox
 from app.db.writes import SessionChanged, SessionHeads, Write, new_write
@@ -45,6 +46,9 @@ class Database:
         # The session rows as this process's commits left them (PostgreSQL only: see
         # app.db.writes, optimistic units).
         self.heads = SessionHeads() if self.dialect == "postgresql" else None
+        self.batcher = (
+            CheckpointBatcher(self.writer) if self.dialect == "postgresql" else None
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Database":
@@ -72,7 +76,11 @@ class Database:
     @asynccontextmanager
     async def write(self, *, optimistic: bool = False) -> AsyncIterator[Write]:
         """A write unit of work: commits on success, rolls back on any exception."""
-        db = new_write(self.writer, self.heads if optimistic else None)
+        db = (
+            new_write(self.writer, self.batcher, self.heads)
+            if optimistic
+            else new_write(self.writer)
+        )
         try:
             yield db
             if self.hooks is not None:

@@ -27,9 +27,9 @@ import re
 import sqlite3
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import asyncpg
 import orjson
@@ -37,6 +37,9 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db.outbox import Outbox
+
+if TYPE_CHECKING:
+    from app.db.batch import CheckpointBatcher
 
 
 @dataclass(slots=True)
@@ -86,6 +89,22 @@ class EventRow:
     turn_id: uuid.UUID | None
     # The wire JSON of the event.
     body: str
+
+
+@dataclass(slots=True)
+class Optimistic:
+    """A checkpoint of a session row assumed as `head`, to be written as `session`
+    (PostgreSQL; see app.db.batch)."""
+
+    head: LockedSession
+    session: LockedSession
+    now: datetime
+    message: MessageRow
+    events: Sequence[EventRow]
+    started: bool
+    finished: bool
+    # (channel, payload): sent if and only if the checkpoint is written.
+    notifications: list[tuple[str, str]] = field(default_factory=list)
 
 
 class StaleMessage(Exception):
@@ -206,46 +225,6 @@ PG_CHECKPOINT = {
     f" e AS ({PG_INSERT_EVENTS} WHERE {_IF_WRITTEN}) SELECT count(*) FROM m",
     None: f"WITH s AS ({UPDATE_SESSION}), e AS ({PG_INSERT_EVENTS}) SELECT 1",
 }
-
-# PostgreSQL, optimistic: the checkpoint of a session row this unit did not lock, in one
-# statement that commits on its own. The session is written only if every column the
-# head assumed still holds (UPDATE waits for a concurrent writer's lock and then checks
-# the row as that writer left it); the message and events only if the session was;
-# the NOTIFYs go out only if it was. A repeated client_message_id fails the statement
-# (nothing is written; the pessimistic rerun answers it).
-_IF_ASSUMED = """
-    AND organization_id = :was_organization_id AND status = :was_status
-    AND last_sequence = :was_last_sequence
-    AND last_input_sequence = :was_last_input_sequence
-    AND active_turn_id IS NOT DISTINCT FROM :was_active_turn_id::uuid
-    AND (cancel_requested_at IS NOT NULL) = :was_cancel_requested
-    AND visible_message_count = :was_visible_message_count
-    AND internal_message_count = :was_internal_message_count
-    AND runner_epoch = :was_runner_epoch
-RETURNING 1"""
-
-_INSERT_MESSAGE_IF_ASSUMED = """
-INSERT INTO messages (id, session_id, sequence, role, state, visibility, revision,
-    turn_id, client_message_id, content, extra, snapshot, changed_sequence,
-    created_at, updated_at)
-SELECT :message_id::uuid, :session_id, :sequence::integer, :role::text, :state::text,
-    :visibility::text, :revision::integer, :turn_id::uuid, :client_message_id::text,
-    :content::jsonb, :extra::jsonb, :snapshot::text, :changed_sequence::integer,
-    :created_at::timestamptz, :updated_at::timestamptz
-WHERE EXISTS (SELECT 1 FROM s)"""
-
-_NOTIFY_IF_ASSUMED = """
-SELECT (SELECT count(*) FROM m),
-    (SELECT count(pg_notify(n.channel, n.payload)) FROM s,
-        unnest(:channels::text[], :payloads::text[]) AS n(channel, payload))"""
-
-# Only a new message's checkpoint goes optimistic: the message cannot be stale, so the
-# session row is the only thing assumed (an update would assume the message too).
-PG_OPTIMISTIC_INSERT = (
-    f"WITH s AS ({UPDATE_SESSION}{_IF_ASSUMED}),"
-    f" m AS ({_INSERT_MESSAGE_IF_ASSUMED} RETURNING 1),"
-    f" e AS ({PG_INSERT_EVENTS} WHERE EXISTS (SELECT 1 FROM s)){_NOTIFY_IF_ASSUMED}"
-)
 
 MESSAGE_COLUMNS = """id, session_id, sequence, role, state, visibility, revision,
     turn_id, client_message_id, content, extra, snapshot, changed_sequence,
@@ -511,25 +490,23 @@ PG_UNAVAILABLE = (
 )
 
 
-@dataclass(slots=True)
-class _Deferred:
-    """An optimistic checkpoint, sent at commit."""
-
-    session: LockedSession
-    values: dict[str, Any]
-
-
 class PgWrite(Write):
     _statements: ClassVar[dict[str, Statement]] = {}
 
-    def __init__(self, engine: AsyncEngine, heads: SessionHeads | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        batcher: "CheckpointBatcher | None" = None,
+        heads: SessionHeads | None = None,
+    ) -> None:
         super().__init__(engine)
         self._notifications: list[tuple[str, str]] = []
         # Optimistic units only: the heads to assume, the rows assumed (as assumed),
-        # and the one checkpoint deferred to commit.
+        # and the one checkpoint deferred to commit, which the batcher writes.
         self._heads = heads
+        self._batcher = batcher
         self._assumed: dict[uuid.UUID, LockedSession] = {}
-        self._deferred: _Deferred | None = None
+        self._deferred: Optimistic | None = None
 
     def _statement(self, sql: str) -> Statement:
         statement = self._statements.get(sql)
@@ -562,19 +539,18 @@ class PgWrite(Write):
                 raise SessionChanged(session_id)
         deferred, self._deferred = self._deferred, None
         if deferred is not None:
-            rows = await self._fetch(PG_CHECKPOINT["insert"], **deferred.values)
-            if rows[0][0] != 1:
-                raise SessionChanged(deferred.session.id)
+            await self._save_locked(
+                deferred.session,
+                deferred.now,
+                deferred.message,
+                "insert",
+                deferred.events,
+                started=deferred.started,
+                finished=deferred.finished,
+            )
 
     async def _fetch(self, sql: str, **values: Any) -> list[Sequence[Any]]:
         await self._begin()
-        return await self._fetch_as_is(sql, values)
-
-    async def _fetch_as_is(
-        self, sql: str, values: dict[str, Any]
-    ) -> list[Sequence[Any]]:
-        """The statement in whatever transaction state the connection is in."""
-        await self._connect()
         statement = self._statement(sql)
         try:
             rows: list[Sequence[Any]] = await self._driver.fetch(
@@ -629,60 +605,70 @@ class PgWrite(Write):
         started: bool = False,
         finished: bool = False,
     ) -> None:
+        kind = None if message is None else "insert" if inserted else "update"
+        if (
+            message is not None
+            and kind == "insert"
+            and not self._begun
+            and self._deferred is None
+            and session.id in self._assumed
+        ):
+            # Only a new message goes optimistic: it cannot be stale, so the session
+            # row is all the checkpoint assumes.
+            self._deferred = Optimistic(
+                self._assumed[session.id],
+                replace(session),
+                now,
+                message,
+                list(events),
+                started,
+                finished,
+            )
+        else:
+            await self._save_locked(
+                session, now, message, kind, events, started=started, finished=finished
+            )
+        self.written[session.id] = replace(session)
+
+    async def _save_locked(
+        self,
+        session: LockedSession,
+        now: datetime,
+        message: MessageRow | None,
+        kind: str | None,
+        events: Sequence[EventRow],
+        *,
+        started: bool,
+        finished: bool,
+    ) -> None:
         values = _session_values(session, now, started=started, finished=finished)
         values["event_ids"] = [e.id for e in events]
         values["event_sequences"] = [e.sequence for e in events]
         values["event_types"] = [e.type for e in events]
         values["event_turn_ids"] = [e.turn_id for e in events]
         values["event_bodies"] = [e.body for e in events]
-        kind = None if message is None else "insert" if inserted else "update"
         if message is not None:
             values.update(_message_values(message))
-        if (
-            kind == "insert"
-            and not self._begun
-            and self._deferred is None
-            and session.id in self._assumed
-        ):
-            self._deferred = _Deferred(replace(session), values)
-            self.written[session.id] = replace(session)
-            return
         rows = await self._fetch(PG_CHECKPOINT[kind], **values)
         if message is not None and rows[0][0] != 1:
-            raise _not_written(message, inserted)
-        self.written[session.id] = replace(session)
+            raise _not_written(message, kind == "insert")
 
     def notify(self, channel: str, payload: str) -> None:
         self._notifications.append((channel, payload))
 
-    async def _commit_deferred(self, deferred: _Deferred) -> None:
-        values = deferred.values
-        head = self._assumed[deferred.session.id]
-        for name in (
-            "organization_id",
-            "status",
-            "last_sequence",
-            "last_input_sequence",
-            "active_turn_id",
-            "cancel_requested",
-            "visible_message_count",
-            "internal_message_count",
-            "runner_epoch",
-        ):
-            values["was_" + name] = getattr(head, name)
-        values["channels"] = [channel for channel, _ in self._notifications]
-        values["payloads"] = [payload for _, payload in self._notifications]
-        try:
-            rows = await self._fetch_as_is(PG_OPTIMISTIC_INSERT, values)
-        except asyncpg.UniqueViolationError as exc:
-            raise SessionChanged(deferred.session.id) from exc
-        if rows[0][0] != 1:
-            raise SessionChanged(deferred.session.id)
+    @property
+    def began(self) -> bool:
+        # A deferred checkpoint is a transaction too, begun and ended at commit.
+        return self._begun or self._deferred is not None
 
     async def commit(self) -> None:
         deferred, self._deferred = self._deferred, None
         if deferred is not None:
-            await self._commit_deferred(deferred)
+            # The unit did nothing but this checkpoint: it goes in the next batch,
+            # with its NOTIFYs (app.db.batch).
+            assert self._batcher is not None
+            deferred.notifications = self._notifications
+            await self._batcher.commit(deferred)
             return
         # The NOTIFYs travel with COMMIT in one simple-query round trip (they are only
         # delivered at commit anyway).
@@ -882,10 +868,14 @@ class SqliteWrite(Write):
                 self.broken = True
 
 
-def new_write(engine: AsyncEngine, heads: SessionHeads | None = None) -> Write:
+def new_write(
+    engine: AsyncEngine,
+    batcher: "CheckpointBatcher | None" = None,
+    heads: SessionHeads | None = None,
+) -> Write:
     """A write unit of work on the writer engine (AUTOCOMMIT connections); optimistic
-    with `heads` (PostgreSQL: on SQLite the lock is a local statement, and the unit
-    holds the database write lock from its first statement anyway)."""
+    with `heads` and `batcher` (PostgreSQL: on SQLite the lock is a local statement,
+    and the unit holds the database write lock from its first statement anyway)."""
     if engine.dialect.name == "postgresql":
-        return PgWrite(engine, heads)
+        return PgWrite(engine, batcher, heads)
     return SqliteWrite(engine)

@@ -1,0 +1,276 @@
+"""Group commit of optimistic checkpoints (PostgreSQL).
+
+An optimistic unit of work (see app.db.writes) ends in one statement that writes its
+checkpoint if the session row is still as assumed. Concurrent units share that
+statement: while one batch is on its way, the checkpoints committed meanwhile queue,
+and the next batch carries all of them (one per session) in one statement and one
+transaction. Under load that is one round trip, one WAL flush and one hold of
+PostgreSQL's NOTIFY lock (every NOTIFYing transaction holds it through its commit, so
+NOTIFYing transactions never share a WAL flush) for many checkpoints; with nothing in
+flight a checkpoint goes at once, alone.
+
+Each checkpoint of a batch is written or not on its own (its session row held as
+assumed, its client_message_id free); a batch whose statement fails wrote nothing,
+and each of its units runs again, locking.
+"""
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import orjson
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.writes import PG_UNAVAILABLE, Optimistic, SessionChanged, numbered
+
+# Checkpoints per statement at most: a bound on its size and on the rows it locks.
+MAX_BATCH = 64
+
+
+# The sessions first: a row is written only if every column the head assumed still holds
+# (the UPDATE waits for a concurrent writer's lock and then checks the row as that
+# writer left it) and the message's client_message_id is not taken. Then the messages,
+# events and NOTIFYs of the sessions written.
+BATCH = """
+WITH c AS (
+    SELECT * FROM unnest(
+        :session_id::uuid[], :was_organization_id::uuid[], :was_status::text[],
+        :was_last_sequence::integer[], :was_last_input_sequence::integer[],
+        :was_active_turn_id::uuid[], :was_cancel_requested::boolean[],
+        :was_visible_message_count::integer[], :was_internal_message_count::integer[],
+        :was_runner_epoch::integer[],
+        :last_sequence::integer[], :last_input_sequence::integer[], :status::text[],
+        :active_turn_id::uuid[], :visible_message_count::integer[],
+        :internal_message_count::integer[], :runner_epoch::integer[],
+        :cancel_requested::boolean[], :started_at::timestamptz[],
+        :finished_at::timestamptz[], :now::timestamptz[], :client_message_id::text[])
+    AS c(session_id, was_organization_id, was_status, was_last_sequence,
+        was_last_input_sequence, was_active_turn_id, was_cancel_requested,
+        was_visible_message_count, was_internal_message_count, was_runner_epoch,
+        last_sequence, last_input_sequence, status, active_turn_id,
+        visible_message_count, internal_message_count, runner_epoch,
+        cancel_requested, started_at, finished_at, now, client_message_id)
+),
+s AS (
+    UPDATE sessions AS t SET
+        last_sequence = c.last_sequence,
+        last_input_sequence = c.last_input_sequence,
+        status = c.status,
+        active_turn_id = c.active_turn_id,
+        visible_message_count = c.visible_message_count,
+        internal_message_count = c.internal_message_count,
+        runner_epoch = c.runner_epoch,
+        cancel_requested_at = CASE WHEN c.cancel_requested THEN t.cancel_requested_at END,
+        started_at = COALESCE(t.started_at, c.started_at),
+        finished_at = COALESCE(c.finished_at, t.finished_at),
+        last_activity_at = c.now,
+        updated_at = c.now
+    FROM c
+    WHERE t.id = c.session_id
+        AND t.organization_id = c.was_organization_id
+        AND t.status = c.was_status
+        AND t.last_sequence = c.was_last_sequence
+        AND t.last_input_sequence = c.was_last_input_sequence
+        AND t.active_turn_id IS NOT DISTINCT FROM c.was_active_turn_id
+        AND (t.cancel_requested_at IS NOT NULL) = c.was_cancel_requested
+        AND t.visible_message_count = c.was_visible_message_count
+        AND t.internal_message_count = c.was_internal_message_count
+        AND t.runner_epoch = c.was_runner_epoch
+        AND NOT EXISTS (
+            SELECT 1 FROM messages AS taken
+            WHERE taken.session_id = c.session_id
+                AND taken.client_message_id = c.client_message_id)
+    RETURNING t.id
+),
+m AS (
+    INSERT INTO messages (id, session_id, sequence, role, state, visibility, revision,
+        turn_id, client_message_id, content, extra, snapshot, changed_sequence,
+        created_at, updated_at)
+    SELECT * FROM unnest(
+        :message_id::uuid[], :message_session_id::uuid[], :sequence::integer[],
+        :role::text[], :state::text[], :visibility::text[], :revision::integer[],
+        :turn_id::uuid[], :message_client_id::text[], :content::jsonb[],
+        :extra::jsonb[], :snapshot::text[], :changed_sequence::integer[],
+        :created_at::timestamptz[], :updated_at::timestamptz[])
+        AS x(id, session_id, sequence, role, state, visibility, revision, turn_id,
+            client_message_id, content, extra, snapshot, changed_sequence,
+            created_at, updated_at)
+    WHERE x.session_id IN (SELECT id FROM s)
+),
+e AS (
+    INSERT INTO events (id, session_id, sequence, type, turn_id, created_at, body)
+    SELECT * FROM unnest(
+        :event_id::uuid[], :event_session_id::uuid[], :event_sequence::integer[],
+        :event_type::text[], :event_turn_id::uuid[], :event_created_at::timestamptz[],
+        :event_body::text[])
+        AS x(id, session_id, sequence, type, turn_id, created_at, body)
+    WHERE x.session_id IN (SELECT id FROM s)
+)
+SELECT
+    (SELECT coalesce(array_agg(id), '{}') FROM s),
+    (SELECT count(pg_notify(n.channel, n.payload))
+     FROM unnest(:notify_session_id::uuid[], :channel::text[], :payload::text[])
+         AS n(session_id, channel, payload)
+     WHERE n.session_id IN (SELECT id FROM s))"""
+
+_BATCH = numbered(BATCH, "$")
+
+
+def _columns(batch: Sequence[Optimistic]) -> dict[str, list[Any]]:
+    columns: dict[str, list[Any]] = {name: [] for name in _BATCH.names}
+    for item in batch:
+        head, session, message = item.head, item.session, item.message
+        for name in (
+            "organization_id",
+            "status",
+            "last_sequence",
+            "last_input_sequence",
+            "active_turn_id",
+            "cancel_requested",
+            "visible_message_count",
+            "internal_message_count",
+            "runner_epoch",
+        ):
+            columns["was_" + name].append(getattr(head, name))
+        for name in (
+            "last_sequence",
+            "last_input_sequence",
+            "status",
+            "active_turn_id",
+            "visible_message_count",
+            "internal_message_count",
+            "runner_epoch",
+            "cancel_requested",
+        ):
+            columns[name].append(getattr(session, name))
+        columns["session_id"].append(session.id)
+        columns["started_at"].append(item.now if item.started else None)
+        columns["finished_at"].append(item.now if item.finished else None)
+        columns["now"].append(item.now)
+        columns["client_message_id"].append(message.client_message_id)
+        columns["message_id"].append(message.id)
+        columns["message_session_id"].append(message.session_id)
+        columns["sequence"].append(message.sequence)
+        columns["role"].append(message.role)
+        columns["state"].append(message.state)
+        columns["visibility"].append(message.visibility)
+        columns["revision"].append(message.revision)
+        columns["turn_id"].append(message.turn_id)
+        columns["message_client_id"].append(message.client_message_id)
+        columns["content"].append(orjson.dumps(message.content).decode())
+        columns["extra"].append(orjson.dumps(message.extra).decode())
+        columns["snapshot"].append(message.snapshot)
+        columns["changed_sequence"].append(message.changed_sequence)
+        columns["created_at"].append(message.created_at)
+        columns["updated_at"].append(message.updated_at)
+        for event in item.events:
+            columns["event_id"].append(event.id)
+            columns["event_session_id"].append(session.id)
+            columns["event_sequence"].append(event.sequence)
+            columns["event_type"].append(event.type)
+            columns["event_turn_id"].append(event.turn_id)
+            columns["event_created_at"].append(item.now)
+            columns["event_body"].append(event.body)
+        for channel, payload in item.notifications:
+            columns["notify_session_id"].append(session.id)
+            columns["channel"].append(channel)
+            columns["payload"].append(payload)
+    return columns
+
+
+@dataclass(slots=True)
+class _Queued:
+    item: Optimistic
+    done: "asyncio.Future[None]"
+
+
+class CheckpointBatcher:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._queue: list[_Queued] = []
+        self._sender: asyncio.Task[None] | None = None
+
+    async def commit(self, item: Optimistic) -> None:
+        """Write `item` in the next batch. Raises SessionChanged when it was not
+        written (the row was not as assumed, or the batch failed), OperationalError
+        when the database was unavailable (whether it was written is unknown)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Queued(item, done))
+        if self._sender is None:
+            # A task of its own: a request that goes away must not take the batch
+            # of the others with it.
+            self._sender = asyncio.create_task(self._send())
+        await done
+
+    async def _send(self) -> None:
+        batch: list[_Queued] = []
+        try:
+            while self._queue:
+                batch = self._take()
+                await self._write(batch)
+        finally:
+            self._sender = None
+            # Cancelled (the process stops): nobody waits forever.
+            for queued in batch + self._queue:
+                if not queued.done.done():
+                    queued.done.set_exception(SessionChanged(queued.item.session.id))
+            self._queue = []
+
+    def _take(self) -> list[_Queued]:
+        """The oldest checkpoint of each session, up to MAX_BATCH: a later one of the
+        same session assumes what the earlier writes, so it waits for the next batch."""
+        batch: list[_Queued] = []
+        rest: list[_Queued] = []
+        sessions: set[uuid.UUID] = set()
+        for queued in self._queue:
+            session_id = queued.item.session.id
+            if session_id in sessions or len(batch) == MAX_BATCH:
+                rest.append(queued)
+            else:
+                sessions.add(session_id)
+                batch.append(queued)
+        self._queue = rest
+        # The same order of row locks in every batch: two batches of two processes
+        # cannot wait for each other.
+        batch.sort(key=lambda queued: queued.item.session.id)
+        return batch
+
+    async def _write(self, batch: list[_Queued]) -> None:
+        columns = _columns([queued.item for queued in batch])
+        try:
+            async with self._engine.connect() as conn:
+                raw = await conn.get_raw_connection()
+                driver: asyncpg.Connection = raw.driver_connection
+                try:
+                    row = await driver.fetchrow(
+                        _BATCH.text, *(columns[name] for name in _BATCH.names)
+                    )
+                except PG_UNAVAILABLE:
+                    await conn.invalidate()
+                    raise
+        except PG_UNAVAILABLE as exc:
+            # Like a COMMIT that went unanswered: whether it was written is unknown.
+            error = OperationalError("COMMIT", None, exc)
+            for queued in batch:
+                if not queued.done.done():
+                    queued.done.set_exception(error)
+            return
+        except Exception:
+            # The statement failed as a whole (a race on a unique key, a deadlock):
+            # nothing was written; every unit runs again, locking.
+            for queued in batch:
+                if not queued.done.done():
+                    queued.done.set_exception(SessionChanged(queued.item.session.id))
+            return
+        written = set(row[0]) if row is not None else set()
+        for queued in batch:
+            if queued.done.done():
+                continue
+            if queued.item.session.id in written:
+                queued.done.set_result(None)
+            else:
+                queued.done.set_exception(SessionChanged(queued.item.session.id))
