@@ -10,7 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 
 from app import wire
 from app.db import models
@@ -78,12 +78,17 @@ def _cycle_deadline(cycle_seconds: float) -> float:
     return time.monotonic() + cycle_seconds * random.uniform(0.8, 1.2)
 
 
-async def _last_sequence(database: Database, session_id: uuid.UUID) -> int | None:
-    async with database.read() as db:
-        last: int | None = await db.scalar(
-            select(models.Session.last_sequence).where(models.Session.id == session_id)
-        )
-    return last
+# A stream's starting position: one statement outside any transaction, no ORM session
+# (a burst of connects waits for the pool holding as little as it can).
+LAST_SEQUENCE = select(models.Session.last_sequence).where(
+    models.Session.id == bindparam("session_id")
+)
+
+
+async def _last_sequence(database: Database, session_id: uuid.UUID) -> int:
+    async with database.statements() as conn:
+        last: int | None = await conn.scalar(LAST_SEQUENCE, {"session_id": session_id})
+    return last or 0
 
 
 # A batch goes out once it holds this much, even if more is queued.
@@ -145,7 +150,7 @@ async def upstream_events(
         # The starting position is fixed before `connected` goes out: a client that acts
         # on `connected` (posts a message) must see everything that follows.
         if cursor is None:
-            position = Position(await _last_sequence(database, session_id) or 0)
+            position = Position(await _last_sequence(database, session_id))
         else:
             position = Position(cursor)
         yield frames.connected(config.retry_ms)
@@ -255,15 +260,7 @@ async def message_mutations(
         # First, before any read: the reconnection time, and the sign that the stream
         # is subscribed (whatever commits from now on reaches it).
         yield frames.retry(config.retry_ms)
-        async with database.read() as db:
-            last = (
-                await db.scalar(
-                    select(models.Session.last_sequence).where(
-                        models.Session.id == session_id
-                    )
-                )
-                or 0
-            )
+        last = await _last_sequence(database, session_id)
         if after is not None and after > last:
             yield frames.reset("cursor_ahead")
             after = None
@@ -349,8 +346,7 @@ async def message_mutations(
                     database, session_id, cursor, None, include_internal
                 ):
                     yield chunk
-                last_now = await _last_sequence(database, session_id)
-                cursor = max(cursor, last_now or 0)
+                cursor = max(cursor, await _last_sequence(database, session_id))
             elif isinstance(item, Marker):
                 batch.add(frames.disconnecting(CLOSE_REASONS[item], config.retry_ms))
                 yield batch.take()
