@@ -21,15 +21,17 @@ def loads(value: str | bytes) -> Any:
 
 def timestamp(value: datetime) -> str:
     """RFC 3339 UTC with microseconds, as resources carry them."""
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    # isoformat ends in "+00:00" here; it costs half of strftime.
+    return value.isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 def event_ts(value: datetime) -> str:
     """Event `ts`: millisecond precision, upstream's `2024-01-15T10:30:00.000Z`."""
-    return (
-        value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.")
-        + f"{value.microsecond // 1000:03d}Z"
-    )
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    return value.isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 def join_array(items: Iterable[str | bytes]) -> bytes:

@@ -199,12 +199,20 @@ class CheckpointBatcher:
         written (the row was not as assumed, or the batch failed), OperationalError
         when the database was unavailable (whether it was written is unknown)."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Queued(item, done))
+        queued = _Queued(item, done)
+        self._queue.append(queued)
         if self._sender is None:
             # A task of its own: a request that goes away must not take the batch
             # of the others with it.
             self._sender = asyncio.create_task(self._send())
-        await done
+        try:
+            await done
+        except asyncio.CancelledError:
+            # Not sent yet: it never will be. (Sent: it commits or not, unknown, as a
+            # COMMIT interrupted would.)
+            if queued in self._queue:
+                self._queue.remove(queued)
+            raise
 
     async def _send(self) -> None:
         batch: list[_Queued] = []
@@ -214,8 +222,13 @@ class CheckpointBatcher:
                 await self._write(batch)
         finally:
             self._sender = None
-            # Cancelled (the process stops): nobody waits forever.
-            for queued in batch + self._queue:
+            # Cancelled (the process stops): nobody waits forever. The batch on its way
+            # may have committed; the ones queued behind it were never sent.
+            unknown = OperationalError("COMMIT", None, ConnectionError("stopped"))
+            for queued in batch:
+                if not queued.done.done():
+                    queued.done.set_exception(unknown)
+            for queued in self._queue:
                 if not queued.done.done():
                     queued.done.set_exception(SessionChanged(queued.item.session.id))
             self._queue = []

@@ -27,7 +27,7 @@ import re
 import sqlite3
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -60,6 +60,21 @@ class LockedSession:
     # The epoch of the runner that owns the session's turns (see app.runner.runner):
     # written back as held, so a runner's claim commits with its checkpoint.
     runner_epoch: int
+
+    def copy(self) -> "LockedSession":
+        # A fifth of what dataclasses.replace costs; several per steering POST.
+        return LockedSession(
+            self.id,
+            self.organization_id,
+            self.status,
+            self.last_sequence,
+            self.last_input_sequence,
+            self.active_turn_id,
+            self.cancel_requested,
+            self.visible_message_count,
+            self.internal_message_count,
+            self.runner_epoch,
+        )
 
 
 @dataclass(slots=True)
@@ -139,7 +154,7 @@ class SessionHeads:
 
     def get(self, session_id: uuid.UUID) -> LockedSession | None:
         head = self._heads.get(session_id)
-        return None if head is None else replace(head)
+        return None if head is None else head.copy()
 
     def put(self, head: LockedSession) -> None:
         held = self._heads.pop(head.id, None)
@@ -580,7 +595,7 @@ class PgWrite(Write):
         if self._heads is not None and not self._begun:
             head = self._heads.get(session_id)
             if head is not None and session_id not in self._assumed:
-                self._assumed[session_id] = replace(head)
+                self._assumed[session_id] = head.copy()
                 return head
         rows = await self._fetch(LOCK_SESSION + " FOR UPDATE", session_id=session_id)
         return LockedSession(session_id, *rows[0]) if rows else None
@@ -617,7 +632,7 @@ class PgWrite(Write):
             # row is all the checkpoint assumes.
             self._deferred = Optimistic(
                 self._assumed[session.id],
-                replace(session),
+                session.copy(),
                 now,
                 message,
                 list(events),
@@ -628,7 +643,7 @@ class PgWrite(Write):
             await self._save_locked(
                 session, now, message, kind, events, started=started, finished=finished
             )
-        self.written[session.id] = replace(session)
+        self.written[session.id] = session.copy()
 
     async def _save_locked(
         self,
