@@ -26,7 +26,9 @@ from sqlalchemy import select
 
 from app.db import models
 from app.db.session import Database
+from app.ids import DEFAULT_ORG_ID
 from app.live.items import TextDelta
+from app.sessions import schemas as session_schemas, service as sessions_service
 from tests.conftest import (
     LANES,
     ROOT,
@@ -499,3 +501,12 @@ def text_delta(
         f"event_{uuid.uuid4().hex}",
         "2026-01-01T00:00:00.000Z",
     )
+
+
+async def new_session_row(handle: Database) -> uuid.UUID:
+    """A session of the default organization, created through `handle` directly."""
+    async with handle.write() as db:
+        session = await sessions_service.create_session(
+            db, organization_id=DEFAULT_ORG_ID, data=session_schemas.SessionCreate()
+        )
+    return session.id

@@ -14,23 +14,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.db import models
 from app.db.session import Database
 from app.events.service import EventSpec
-from app.ids import DEFAULT_ORG_ID
 from app.messages import checkpoint
-from app.sessions import schemas as session_schemas, service as sessions_service
+from app.sessions import service as sessions_service
 from tests.conftest import Running
+from tests.helpers import new_session_row
 
 
 def database(running: Running) -> Database:
     db: Database = running.app.state.app.database
     return db
-
-
-async def new_session(db_handle: Database) -> uuid.UUID:
-    async with db_handle.write() as db:
-        session = await sessions_service.create_session(
-            db, organization_id=DEFAULT_ORG_ID, data=session_schemas.SessionCreate()
-        )
-        return session.id
 
 
 async def events(db_handle: Database, session_id: uuid.UUID) -> list[tuple[int, str]]:
@@ -68,7 +60,7 @@ async def test_agent_message_lifecycle_bumps_revision_and_appends_events(
     running: Running,
 ) -> None:
     handle = database(running)
-    sid = await new_session(handle)
+    sid = await new_session_row(handle)
     turn = uuid.uuid4()
     async with handle.write() as db:
         session = await sessions_service.lock_session(db, sid)
@@ -153,7 +145,7 @@ async def test_agent_message_lifecycle_bumps_revision_and_appends_events(
 
 async def test_closed_message_refuses_further_checkpoints(running: Running) -> None:
     handle = database(running)
-    sid = await new_session(handle)
+    sid = await new_session_row(handle)
     async with handle.write() as db:
         session = await sessions_service.lock_session(db, sid)
         assert session is not None
@@ -174,7 +166,7 @@ async def test_closed_message_refuses_further_checkpoints(running: Running) -> N
 
 async def test_action_joins_streaming_message_or_stands_alone(running: Running) -> None:
     handle = database(running)
-    sid = await new_session(handle)
+    sid = await new_session_row(handle)
     turn = uuid.uuid4()
     changed = EventSpec("session.model.changed", {"model_id": "model_" + "1" * 32})
     async with handle.write() as db:
@@ -273,7 +265,7 @@ FORBIDDEN = [
 async def test_each_allowed_tool_transition_is_one_checkpoint(running: Running) -> None:
     handle = database(running)
     for path, types in ALLOWED_PATHS:
-        sid = await new_session(handle)
+        sid = await new_session_row(handle)
         mid = await message_with_tool(handle, sid)
         start = len(await events(handle, sid))
         revision = (await snapshot(handle, mid))["revision"]
@@ -294,7 +286,7 @@ async def test_an_impossible_tool_transition_raises_and_writes_nothing(
 ) -> None:
     handle = database(running)
     for path, target in FORBIDDEN:
-        sid = await new_session(handle)
+        sid = await new_session_row(handle)
         mid = await message_with_tool(handle, sid)
         for status in path:
             await move(handle, sid, mid, status)
@@ -311,7 +303,7 @@ async def test_a_step_commits_its_tools_ready_and_never_closes_over_one(
     running: Running,
 ) -> None:
     handle = database(running)
-    sid = await new_session(handle)
+    sid = await new_session_row(handle)
     async with handle.write() as db:
         session = await sessions_service.lock_session(db, sid)
         assert session is not None
@@ -353,7 +345,7 @@ async def test_a_step_commits_its_tools_ready_and_never_closes_over_one(
 
 async def test_closing_a_message_fails_its_unfinished_tools(running: Running) -> None:
     handle = database(running)
-    sid = await new_session(handle)
+    sid = await new_session_row(handle)
     mid = await message_with_tool(handle, sid)
     await move(handle, sid, mid, "awaiting_client")
     start = len(await events(handle, sid))

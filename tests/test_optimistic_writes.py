@@ -21,9 +21,10 @@ from app.ids import DEFAULT_ORG_ID
 from app.live.bus import decode, encode
 from app.live.items import Wakeup
 from app.messages import schemas, service
-from app.sessions import schemas as session_schemas, service as sessions_service
+from app.sessions import service as sessions_service
 from app.settings import Settings
 from tests.conftest import Running
+from tests.helpers import new_session_row
 
 
 @pytest.fixture
@@ -54,14 +55,6 @@ def optimistic(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(CheckpointBatcher, "commit", counted)
     return outcomes
-
-
-async def new_session(handle: Database) -> uuid.UUID:
-    async with handle.write() as db:
-        session = await sessions_service.create_session(
-            db, organization_id=DEFAULT_ORG_ID, data=session_schemas.SessionCreate()
-        )
-    return session.id
 
 
 async def post(
@@ -116,7 +109,7 @@ async def test_a_steering_message_is_one_statement_on_the_head_it_assumes(
     handles: tuple[Database, Database], optimistic: list[str]
 ) -> None:
     first, _ = handles
-    sid = await new_session(first)
+    sid = await new_session_row(first)
     started = await post(first, sid, "start")
     assert started["delivery"] == "started"
     # The unit that started the turn left the head of what it wrote.
@@ -139,7 +132,7 @@ async def test_a_write_by_another_process_makes_the_head_stale_and_is_kept(
     handles: tuple[Database, Database], optimistic: list[str]
 ) -> None:
     first, second = handles
-    sid = await new_session(first)
+    sid = await new_session_row(first)
     await post(first, sid, "start")
     await post(first, sid, "steer once")
     stale = head(first, sid)
@@ -167,7 +160,7 @@ async def test_a_cancel_request_made_elsewhere_is_not_written_over(
     """The optimistic write sets every column it assumes: a cancel requested since
     (by a statement outside the checkpoint path) must survive the steering message."""
     first, second = handles
-    sid = await new_session(first)
+    sid = await new_session_row(first)
     await post(first, sid, "start")
     async with second.write() as db:
         assert await sessions_service.cancel_turn(
@@ -186,7 +179,7 @@ async def test_a_repeated_client_message_id_is_answered_as_a_duplicate(
     handles: tuple[Database, Database], optimistic: list[str]
 ) -> None:
     first, _ = handles
-    sid = await new_session(first)
+    sid = await new_session_row(first)
     await post(first, sid, "start")
     once = await post(first, sid, "steer", client_id="retry-1")
     again = await post(first, sid, "steer", client_id="retry-1")
@@ -203,7 +196,7 @@ async def test_a_session_deleted_elsewhere_is_not_found(
     handles: tuple[Database, Database],
 ) -> None:
     first, second = handles
-    sid = await new_session(first)
+    sid = await new_session_row(first)
     await post(first, sid, "start")
     assert head(first, sid) is not None
     async with second.write() as db:
@@ -220,7 +213,7 @@ async def test_another_organization_never_writes_through_a_head(
     handles: tuple[Database, Database],
 ) -> None:
     first, _ = handles
-    sid = await new_session(first)
+    sid = await new_session_row(first)
     await post(first, sid, "start")
     data = schemas.MessageCreate.model_validate(
         {"message": {"content": [{"type": "text", "text": "not yours"}]}}
@@ -289,7 +282,7 @@ async def test_concurrent_writers_of_two_processes_share_batches_and_lose_nothin
 
     monkeypatch.setattr(CheckpointBatcher, "_write", measured)
     first, second = handles
-    sessions = [await new_session(first) for _ in range(6)]
+    sessions = [await new_session_row(first) for _ in range(6)]
     for sid in sessions:
         await post(first, sid, "start")
     answers = await asyncio.gather(

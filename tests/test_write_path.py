@@ -17,9 +17,15 @@ from app.db.session import Database
 from app.db.writes import StaleMessage
 from app.ids import DEFAULT_ORG_ID, uuid7
 from app.messages import checkpoint
-from app.sessions import schemas as session_schemas, service as sessions_service
+from app.sessions import service as sessions_service
 from tests.conftest import Running
-from tests.helpers import create_session, list_events, post_message, wait_idle
+from tests.helpers import (
+    create_session,
+    list_events,
+    new_session_row,
+    post_message,
+    wait_idle,
+)
 
 
 def database(running: Running) -> Database:
@@ -27,17 +33,9 @@ def database(running: Running) -> Database:
     return db
 
 
-async def new_session(handle: Database) -> uuid.UUID:
-    async with handle.write() as db:
-        session = await sessions_service.create_session(
-            db, organization_id=DEFAULT_ORG_ID, data=session_schemas.SessionCreate()
-        )
-        return session.id
-
-
 async def test_the_session_row_carries_the_newest_input(running: Running) -> None:
     handle = database(running)
-    sid = await new_session(handle)
+    sid = await new_session_row(handle)
     async with handle.write() as db:
         session = await sessions_service.lock_session(db, sid)
         assert session is not None
@@ -64,7 +62,7 @@ async def test_the_session_row_carries_the_newest_input(running: Running) -> Non
 
 async def test_a_message_changed_since_it_was_read_is_refused(running: Running) -> None:
     handle = database(running)
-    sid = await new_session(handle)
+    sid = await new_session_row(handle)
     async with handle.write() as db:
         session = await sessions_service.lock_session(db, sid)
         assert session is not None

@@ -118,6 +118,20 @@ SELECT
      WHERE n.session_id IN (SELECT id FROM s))"""
 
 _BATCH = numbered(BATCH, "$")
+# Columns of the batch taken as they are from the message and event rows.
+MESSAGE_FIELDS = (
+    "sequence",
+    "role",
+    "state",
+    "visibility",
+    "revision",
+    "turn_id",
+    "snapshot",
+    "changed_sequence",
+    "created_at",
+    "updated_at",
+)
+EVENT_FIELDS = ("id", "sequence", "type", "turn_id", "body")
 
 
 def _columns(batch: Sequence[Optimistic]) -> dict[str, list[Any]]:
@@ -154,27 +168,16 @@ def _columns(batch: Sequence[Optimistic]) -> dict[str, list[Any]]:
         columns["client_message_id"].append(message.client_message_id)
         columns["message_id"].append(message.id)
         columns["message_session_id"].append(message.session_id)
-        columns["sequence"].append(message.sequence)
-        columns["role"].append(message.role)
-        columns["state"].append(message.state)
-        columns["visibility"].append(message.visibility)
-        columns["revision"].append(message.revision)
-        columns["turn_id"].append(message.turn_id)
         columns["message_client_id"].append(message.client_message_id)
+        for name in MESSAGE_FIELDS:
+            columns[name].append(getattr(message, name))
         columns["content"].append(orjson.dumps(message.content).decode())
         columns["extra"].append(orjson.dumps(message.extra).decode())
-        columns["snapshot"].append(message.snapshot)
-        columns["changed_sequence"].append(message.changed_sequence)
-        columns["created_at"].append(message.created_at)
-        columns["updated_at"].append(message.updated_at)
         for event in item.events:
-            columns["event_id"].append(event.id)
             columns["event_session_id"].append(session.id)
-            columns["event_sequence"].append(event.sequence)
-            columns["event_type"].append(event.type)
-            columns["event_turn_id"].append(event.turn_id)
             columns["event_created_at"].append(item.now)
-            columns["event_body"].append(event.body)
+            for name in EVENT_FIELDS:
+                columns["event_" + name].append(getattr(event, name))
         for channel, payload in item.notifications:
             columns["notify_session_id"].append(session.id)
             columns["channel"].append(channel)
