@@ -73,6 +73,19 @@ async def limited_app(settings: Settings, **overrides: Any) -> AsyncIterator[Lim
         yield Limited(app, state.database, state.keys, key)
 
 
+async def keys_settled(keys: KeyResolver, quiet: float = 0.6) -> None:
+    """Until the resolver has taken no announcement for `quiet` seconds and has no
+    re-check running."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        epoch = keys._epoch
+        await asyncio.sleep(quiet)
+        refreshing = keys._refresh is not None and not keys._refresh.done()
+        if keys._epoch == epoch and not refreshing:
+            return
+    pytest.fail("the key resolver kept hearing announcements")
+
+
 @pytest.fixture
 async def limited(settings: Settings) -> AsyncIterator[Limited]:
     async for value in limited_app(settings):
@@ -138,6 +151,10 @@ async def test_a_new_valid_key_is_looked_up_once_then_counts_as_itself(
 ) -> None:
     async with limited.database.write() as db:
         _, fresh = await create_key(db, organization_id=ORG)
+    # The new key's announcement makes the resolver distrust what it knows until its
+    # re-check: heard at commit, and again when the NOTIFY comes back (PostgreSQL) or
+    # the poll sees the table change (SQLite). Let both pass before counting.
+    await keys_settled(limited.keys)
     async with limited.client("10.0.0.4") as client:
         response = await client.get("/v1/sessions", headers=auth(limited.key))
         assert response.status_code == 200
