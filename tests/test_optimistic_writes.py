@@ -20,7 +20,7 @@ from app.errors import SessionNotFound
 from app.ids import DEFAULT_ORG_ID
 from app.live.bus import decode, encode
 from app.live.items import Wakeup
-from app.messages import schemas, service
+from app.messages import checkpoint, schemas, service
 from app.sessions import service as sessions_service
 from app.settings import Settings
 from tests.conftest import Running
@@ -304,3 +304,44 @@ async def test_concurrent_writers_of_two_processes_share_batches_and_lose_nothin
         assert row["visible"] == 31
         assert row["events"] == list(range(1, row["last_sequence"] + 1))
         assert row["last_input_sequence"] == max(mine)
+
+
+async def test_a_unit_that_does_more_locks_the_row_it_assumed(
+    handles: tuple[Database, Database], optimistic: list[str]
+) -> None:
+    """After its deferred checkpoint, a statement of the unit locks the assumed row and
+    checks it: the unit goes on as a locking one (one write, no batch), or, when the
+    row changed meanwhile, raises SessionChanged with nothing written."""
+    first, second = handles
+
+    async def steer_then_read(db: Any) -> int:
+        session = await sessions_service.lock_session(db, sid)
+        assert session is not None
+        written, _ = await checkpoint.append_user_message(
+            db,
+            session,
+            content=[{"type": "text", "text": "then a read"}],
+            visibility="visible",
+            extra={},
+            client_message_id=None,
+            start_turn=True,
+        )
+        assert written.message is not None
+        stored = await db.message(written.message.id)
+        assert stored is not None
+        return stored.sequence
+
+    sid = await new_session_row(first)
+    await post(first, sid, "start")
+    async with first.write(optimistic=True) as db:
+        sequence = await steer_then_read(db)
+    assert optimistic == []
+    row = await stored(first, sid)
+    assert row["last_input_sequence"] == sequence
+    assert row["events"] == list(range(1, row["last_sequence"] + 1))
+    # The row moves under the head: the unit's read finds it changed.
+    await post(second, sid, "elsewhere")
+    with pytest.raises(SessionChanged):
+        async with first.write(optimistic=True) as db:
+            await steer_then_read(db)
+    assert (await stored(first, sid))["visible"] == 3

@@ -16,11 +16,12 @@ same transaction and SQLAlchemy never begins or commits one of its own.
 
 On PostgreSQL a unit can also be optimistic: `lock_session` then answers from the
 session heads this process committed last (`SessionHeads`) instead of locking, and a
-unit that only writes one checkpoint sends it at commit as a single statement with its
-NOTIFYs, conditional on the row still being what the head says (one round trip instead
-of four). A unit that does anything more locks the row first, as a pessimistic one
-does. If the row changed, nothing is written and the unit raises `SessionChanged`: the
-caller runs it again, pessimistically (`Database.transact`).
+unit that only writes one new message's checkpoint hands it at commit, with its
+NOTIFYs, to the next batch (`app.db.batch`: one statement and one transaction for the
+checkpoints committed together, each conditional on its row still being what its head
+says). A unit that does anything more locks the row first, as a pessimistic one does.
+If the row changed, nothing is written and the unit raises `SessionChanged`: the caller
+runs it again, pessimistically (`Database.transact`).
 """
 
 import re
@@ -554,15 +555,19 @@ class PgWrite(Write):
                 raise SessionChanged(session_id)
         deferred, self._deferred = self._deferred, None
         if deferred is not None:
-            await self._save_locked(
-                deferred.session,
-                deferred.now,
-                deferred.message,
-                "insert",
-                deferred.events,
-                started=deferred.started,
-                finished=deferred.finished,
-            )
+            try:
+                await self._save_locked(
+                    deferred.session,
+                    deferred.now,
+                    deferred.message,
+                    "insert",
+                    deferred.events,
+                    started=deferred.started,
+                    finished=deferred.finished,
+                )
+            except DuplicateMessage as exc:
+                # The caller saw its checkpoint accepted; a locking rerun answers it.
+                raise SessionChanged(deferred.session.id) from exc
 
     async def _fetch(self, sql: str, **values: Any) -> list[Sequence[Any]]:
         await self._begin()
