@@ -250,8 +250,9 @@ class CheckpointBatcher:
                 sessions.add(session_id)
                 batch.append(queued)
         self._queue = rest
-        # The same order of row locks in every batch: two batches of two processes
-        # cannot wait for each other.
+        # Batches in session order, so those of two processes take their row locks in
+        # the same order as PostgreSQL walks them; a deadlock (the planner may walk
+        # them otherwise) fails one batch as a whole, and its units rerun locking.
         batch.sort(key=lambda queued: queued.item.session.id)
         return batch
 
