@@ -91,9 +91,9 @@ m AS (
         turn_id, client_message_id, content, extra, snapshot, changed_sequence,
         created_at, updated_at)
     SELECT * FROM unnest(
-        :message_id::uuid[], :message_session_id::uuid[], :sequence::integer[],
+        :message_id::uuid[], :session_id::uuid[], :sequence::integer[],
         :role::text[], :state::text[], :visibility::text[], :revision::integer[],
-        :turn_id::uuid[], :message_client_id::text[], :content::jsonb[],
+        :turn_id::uuid[], :client_message_id::text[], :content::jsonb[],
         :extra::jsonb[], :snapshot::text[], :changed_sequence::integer[],
         :created_at::timestamptz[], :updated_at::timestamptz[])
         AS x(id, session_id, sequence, role, state, visibility, revision, turn_id,
@@ -118,6 +118,19 @@ SELECT
      WHERE n.session_id IN (SELECT id FROM s))"""
 
 _BATCH = numbered(BATCH, "$")
+# The columns of the session row a checkpoint assumes (as `was_<name>`) and writes.
+ASSUMED = (
+    "organization_id",
+    "status",
+    "last_sequence",
+    "last_input_sequence",
+    "active_turn_id",
+    "cancel_requested",
+    "visible_message_count",
+    "internal_message_count",
+    "runner_epoch",
+)
+WRITTEN = tuple(name for name in ASSUMED if name != "organization_id")
 # Columns of the batch taken as they are from the message and event rows.
 MESSAGE_FIELDS = (
     "sequence",
@@ -138,37 +151,18 @@ def _columns(batch: Sequence[Optimistic]) -> dict[str, list[Any]]:
     columns: dict[str, list[Any]] = {name: [] for name in _BATCH.names}
     for item in batch:
         head, session, message = item.head, item.session, item.message
-        for name in (
-            "organization_id",
-            "status",
-            "last_sequence",
-            "last_input_sequence",
-            "active_turn_id",
-            "cancel_requested",
-            "visible_message_count",
-            "internal_message_count",
-            "runner_epoch",
-        ):
+        for name in ASSUMED:
             columns["was_" + name].append(getattr(head, name))
-        for name in (
-            "last_sequence",
-            "last_input_sequence",
-            "status",
-            "active_turn_id",
-            "visible_message_count",
-            "internal_message_count",
-            "runner_epoch",
-            "cancel_requested",
-        ):
+        for name in WRITTEN:
             columns[name].append(getattr(session, name))
         columns["session_id"].append(session.id)
         columns["started_at"].append(item.now if item.started else None)
         columns["finished_at"].append(item.now if item.finished else None)
         columns["now"].append(item.now)
         columns["client_message_id"].append(message.client_message_id)
+        # One message per checkpoint, of its session: it shares the session's
+        # `session_id` and `client_message_id` columns.
         columns["message_id"].append(message.id)
-        columns["message_session_id"].append(message.session_id)
-        columns["message_client_id"].append(message.client_message_id)
         for name in MESSAGE_FIELDS:
             columns[name].append(getattr(message, name))
         columns["content"].append(orjson.dumps(message.content).decode())

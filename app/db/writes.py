@@ -546,7 +546,7 @@ class PgWrite(Write):
                 await self._lock_assumed()
 
     async def _lock_assumed(self) -> None:
-        """The unit does more than one deferred checkpoint: lock the rows it assumed
+        """The unit does more than its deferred checkpoint: lock the rows it assumed
         and go on as a pessimistic unit, if they are as assumed (else SessionChanged)."""
         assumed, self._assumed = self._assumed, {}
         for session_id, head in assumed.items():
