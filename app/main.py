@@ -248,7 +248,6 @@ def create_app(settings: Settings | None = None) -> Service:
             poll_seconds=settings.keys_poll_seconds if settings.is_sqlite else None,
         )
         dispatcher = Dispatcher(bus, cache, fanout, runner, keys)
-        bus.local_commit = dispatcher.committed_here
         await bus.start()
         fanout.start()
         database.hooks = traces.hooks(bus)

@@ -32,6 +32,8 @@ class CommitHooks(Protocol):
 
     def after_commit(self, outbox: Outbox) -> None: ...
 
+    def commit_unknown(self) -> None: ...
+
 
 @dataclass
 class Database:
@@ -81,11 +83,13 @@ class Database:
             if optimistic
             else new_write(self.writer)
         )
+        committing = False
         try:
             yield db
             if self.hooks is not None:
                 await self.hooks.before_commit(db)
             began, started = db.began, time.perf_counter()
+            committing = True
             await db.commit()
             if self.metrics is not None and began:
                 self.metrics.checkpoints.observe(
@@ -100,6 +104,13 @@ class Database:
                 self.metrics.checkpoints.observe(
                     ("rolled_back",), time.perf_counter() - started
                 )
+            if (
+                committing
+                and self.hooks is not None
+                and not isinstance(exc, SessionChanged)
+            ):
+                # (SessionChanged: refused as a whole, nothing was written.)
+                self.hooks.commit_unknown()
             raise
         finally:
             await db.close()

@@ -6,6 +6,12 @@
   (deltas, runner controls) are sent with `pg_notify` from a small connection; each
   process holds one `LISTEN` connection and fans out in memory to its local subscribers.
 
+Either way a process delivers its own items in memory as it commits or publishes them,
+in the order it does so. On PostgreSQL the NOTIFY carries them to the other processes;
+each payload starts with its process's origin, and a process skips its own when they
+come back. (Waiting for them would put a round trip to PostgreSQL, and a turn of the
+busy event loop, between a delta and its local subscribers.)
+
 Wake-ups carry `(session_id, sequence)` only: the database is the source of truth, so a
 missed wake-up can delay a subscriber but never lose anything.
 """
@@ -13,6 +19,7 @@ missed wake-up can delay a subscriber but never lose anything.
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import Callable
@@ -57,11 +64,6 @@ class Bus:
         self.sink: Sink = lambda item: None
         # Told whether this process hears every wake-up (True) or may miss some (False).
         self.on_listening: Callable[[bool], None] = lambda listening: None
-        # PostgreSQL: told of a commit of this process before its NOTIFY comes back
-        # (None: a deletion).
-        self.local_commit: Callable[[uuid.UUID, int | None], None] = (
-            lambda session_id, sequence: None
-        )
 
     async def start(self) -> None:
         return None
@@ -73,14 +75,24 @@ class Bus:
         """Called inside a write transaction, just before COMMIT."""
 
     def after_commit(self, outbox: Outbox) -> None:
-        """Called once a write transaction committed, with its outbox. Sessions whose
-        turn the transaction started are handed to the local runner (`kicks`)."""
+        """Called once a write transaction committed, with its outbox: its wake-ups,
+        deletions and key changes reach this process's own subscribers at once, and the
+        sessions whose turn it started are handed to the local runner (`kicks`)."""
+        for session_id, sequence in outbox.wakeups.items():
+            self.sink(Wakeup(session_id, sequence, session_id in outbox.input_only))
+        for session_id in outbox.deleted:
+            self.sink(Deleted(session_id))
+        if outbox.keys_changed:
+            self.sink(KeysChanged())
         for session_id in outbox.kicks:
             self.sink(Kick(session_id))
 
+    def commit_unknown(self) -> None:
+        """Called when a COMMIT failed without an answer: it may have committed."""
+
     async def publish(self, item: BusItem) -> None:
         """Send a live item (part, delta, end of a step, a republish request) to every
-        process."""
+        process, this one first."""
         raise NotImplementedError
 
     @property
@@ -91,15 +103,6 @@ class Bus:
 class MemoryBus(Bus):
     async def start(self) -> None:
         self.on_listening(True)
-
-    def after_commit(self, outbox: Outbox) -> None:
-        for session_id, sequence in outbox.wakeups.items():
-            self.sink(Wakeup(session_id, sequence, session_id in outbox.input_only))
-        for session_id in outbox.deleted:
-            self.sink(Deleted(session_id))
-        if outbox.keys_changed:
-            self.sink(KeysChanged())
-        super().after_commit(outbox)
 
     async def publish(self, item: BusItem) -> None:
         self.sink(item)
@@ -251,6 +254,13 @@ class PgBus(Bus):
         # While PostgreSQL refuses the notify connection, live items are dropped without
         # a connection attempt (and a warning) for every one of them.
         self._sender_retry_at = 0.0
+        # Every payload this process sends starts with its origin (a fresh random
+        # token per process: workers are started, not forked, so each draws its own).
+        self._origin = '{"from":"' + secrets.token_hex(8) + '",'
+
+    def _payload(self, encoded: bytes) -> str:
+        """An encoded item (a JSON object) as this process's NOTIFY payload."""
+        return self._origin + encoded[1:].decode()
 
     async def start(self) -> None:
         await self._connect()
@@ -272,6 +282,9 @@ class PgBus(Bus):
         self.on_listening(False)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if payload.startswith(self._origin):
+            # Ours: delivered here when it was committed or published.
+            return
         try:
             item = decode(orjson.loads(payload))
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
@@ -320,23 +333,18 @@ class PgBus(Bus):
         if outbox.keys_changed:
             items.append(KeysChanged())
         for item in items:
-            db.notify(CHANNEL, orjson.dumps(encode(item)).decode())
+            db.notify(CHANNEL, self._payload(orjson.dumps(encode(item))))
 
-    def after_commit(self, outbox: Outbox) -> None:
-        # This process's own writes also reach it through its listener, a moment later;
-        # its caches learn of them now, so a client reads its own writes here at once.
-        for session_id, sequence in outbox.wakeups.items():
-            self.local_commit(session_id, sequence)
-        for session_id in outbox.deleted:
-            self.local_commit(session_id, None)
-        if outbox.keys_changed:
-            self.sink(KeysChanged())
-        super().after_commit(outbox)
+    def commit_unknown(self) -> None:
+        # If it did commit, its NOTIFY reached the other processes but this one skips
+        # it: every local subscriber re-reads from its own cursor instead.
+        self.sink(Resync())
 
     async def publish(self, item: BusItem) -> None:
+        self.sink(item)
         if time.monotonic() < self._sender_retry_at:
             return
-        self._pending.extend(payload.decode() for payload in split_payload(item))
+        self._pending.extend(self._payload(chunk) for chunk in split_payload(item))
         async with self._send_lock:
             # Whoever holds the lock sends everything queued so far, in order, in one
             # round trip; a publisher that queued behind it finds its items sent.

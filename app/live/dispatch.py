@@ -107,14 +107,6 @@ class Dispatcher:
         else:
             self.runner.deliver(item)
 
-    def committed_here(self, session_id: uuid.UUID, sequence: int | None) -> None:
-        """A commit of this process, before its NOTIFY comes back (None: a deletion):
-        the cache learns of it at once, so a client reads its own writes here."""
-        if sequence is None:
-            self.cache.deleted(session_id)
-        else:
-            self.cache.committed(session_id, sequence)
-
     def ask_republish(self, message_id: uuid.UUID) -> None:
         now = time.monotonic()
         if now - self._asked.get(message_id, 0.0) < REPUBLISH_INTERVAL_SECONDS:

@@ -16,11 +16,12 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sqlalchemy import select
+from starlette.types import Send
 
 from app import wire
 from app.db import models
@@ -116,6 +117,9 @@ CYCLE = Marker("cycle")
 GONE = Marker("gone")
 # The key the stream was opened with was revoked.
 REVOKED = Marker("revoked")
+# A frame written from the fan-out's pass has to wait for the socket: the stream's task
+# finishes that write before anything else (see Subscription.direct).
+FLUSH = Marker("flush")
 
 Out = (
     EventOut | EventMutationOut | MessageOut | PartOut | DeltaOut | WarningOut | Marker
@@ -125,11 +129,18 @@ Out = (
 class Subscription:
     """One local subscriber: a bounded queue and one waiter. A subscriber that falls
     behind by more than its queue size is marked overflowed; its stream ends and the
-    client resumes from its cursor, so a slow reader never slows anyone else."""
+    client resumes from its cursor, so a slow reader never slows anyone else.
+
+    While its stream waits with nothing queued, the stream may lend it `direct`: an
+    item offered then is handed to it first, and what it writes to the client itself
+    (a live delta, nearly every item of a streaming turn) goes out in the fan-out's
+    own pass, without waking the stream's task. Nothing is queued ahead of it then, and
+    the stream's task is not writing, so the order is the same."""
 
     __slots__ = (
         "closed",
         "deadline",
+        "direct",
         "key_hash",
         "limit",
         "next_heartbeat",
@@ -154,6 +165,10 @@ class Subscription:
         # 0.7 KB block; queues are short, so popping the front is cheap.
         self.pending: list[Out] = []
         self.waiter: asyncio.Future[None] | None = None
+        # Set only while the stream waits with nothing queued: takes an item, and
+        # returns None once it wrote or dropped it, else what to queue (the item, or
+        # FLUSH when its write waits for the socket).
+        self.direct: Callable[[Out], Out | None] | None = None
         self.overflowed = False
         # The client went away, or its stream was stopped from outside.
         self.closed = False
@@ -165,6 +180,12 @@ class Subscription:
     def offer(self, item: Out) -> None:
         if self.overflowed or self.closed:
             return
+        direct = self.direct
+        if direct is not None:
+            queued = direct(item)
+            if queued is None:
+                return
+            item = queued
         if len(self.pending) >= self.limit:
             self.overflowed = True
         else:
@@ -183,37 +204,109 @@ class Subscription:
             self._wake()
 
     def _wake(self) -> None:
+        # Woken, the stream writes what is queued first: nothing may pass it now.
+        self.direct = None
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def next(self) -> Out | None:
+    async def next(
+        self, direct: Callable[[Out], Out | None] | None = None
+    ) -> Out | None:
         """The next item; None once the subscription overflowed or was closed (and what
-        `end` queued was taken)."""
+        `end` queued was taken). `direct` takes the items offered while it waits."""
         while not self.pending:
             if self.overflowed or self.closed:
                 return None
             self.waiter = asyncio.get_running_loop().create_future()
+            self.direct = direct
             try:
                 await self.waiter
             finally:
                 self.waiter = None
+                self.direct = None
         if self.overflowed:
             return None
         return self.pending.pop(0)
 
 
 class StreamWriter:
-    """One streaming response writing to its socket: the process timer stops it (by
-    cancelling its task) when one write has waited longer than the send timeout."""
+    """One streaming response writing to its socket. Its stream may write a frame at
+    once from outside the response's task (`write_now`); the process timer stops the
+    response (by cancelling its task) when one write has waited longer than the send
+    timeout."""
 
-    __slots__ = ("send_started", "stuck", "task")
+    __slots__ = ("send", "send_started", "stuck", "task", "unfinished")
 
-    def __init__(self, task: "asyncio.Task[Any] | None") -> None:
-        self.task = task
+    def __init__(self) -> None:
+        # Both set by the response while it streams.
+        self.task: asyncio.Task[Any] | None = None
+        self.send: Send | None = None
         # Monotonic time the write in progress began; None between writes.
         self.send_started: float | None = None
         self.stuck = False
+        # A write `write_now` began that waits for the socket (its coroutine and what
+        # that waits on), or the exception it raised: the task finishes it first.
+        self.unfinished: tuple[Generator[Any, None, None], Any] | Exception | None = (
+            None
+        )
+
+    def write_now(self, chunk: bytes) -> bool:
+        """Write `chunk` now, outside the response's task. False when the write has to
+        wait for the socket, or failed: the task must `finish` it before any other."""
+        assert self.send is not None
+        write = self.send(
+            {"type": "http.response.body", "body": chunk, "more_body": True}
+        ).__await__()
+        try:
+            waiting = write.send(None)
+        except StopIteration:
+            return True
+        except Exception as exc:
+            self.unfinished = exc
+            return False
+        self.unfinished = (write, waiting)
+        self.send_started = time.monotonic()
+        return False
+
+    async def finish(self) -> None:
+        """Finish what `write_now` began (or raise what it raised)."""
+        unfinished, self.unfinished = self.unfinished, None
+        if isinstance(unfinished, Exception):
+            raise unfinished
+        if unfinished is not None:
+            await _Resumed(*unfinished)
+            self.send_started = None
+
+    def abandon(self) -> None:
+        """The response ends: nothing more is written, begun or not."""
+        self.send = None
+        unfinished, self.unfinished = self.unfinished, None
+        if isinstance(unfinished, tuple):
+            unfinished[0].close()
+
+
+class _Resumed:
+    """The rest of an await begun outside any task, driven as its task would: each
+    future it waits on is handed to the awaiting task, which resumes it when done."""
+
+    __slots__ = ("coro", "waiting")
+
+    def __init__(self, coro: Generator[Any, None, None], waiting: Any) -> None:
+        self.coro = coro
+        self.waiting = waiting
+
+    def __await__(self) -> Generator[Any, None, None]:
+        coro, waiting = self.coro, self.waiting
+        try:
+            while True:
+                yield waiting
+                waiting = coro.send(None)
+        except StopIteration:
+            return
+        except BaseException:
+            coro.close()
+            raise
 
 
 @dataclass

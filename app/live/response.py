@@ -50,6 +50,7 @@ class EventStreamResponse(Response):
         status_code: int = 200,
         *,
         release: Callable[[], None] = lambda: None,
+        writer: StreamWriter | None = None,
     ) -> None:
         # No Response.__init__: a stream has no body and so no Content-Length.
         # (`status_code` is here for FastAPI, which reads its default for the OpenAPI.)
@@ -60,6 +61,8 @@ class EventStreamResponse(Response):
         self.raw_headers = list(HEADERS)
         # Frees the stream's connection slot; idempotent (the generator calls it too).
         self.release = release
+        # Shared with the stream, which writes live deltas through it directly.
+        self.writer = writer if writer is not None else StreamWriter()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -79,7 +82,9 @@ class EventStreamResponse(Response):
             await send({"type": "http.response.body", "body": b""})
             return
         task = asyncio.current_task()
-        writer = StreamWriter(task)
+        writer = self.writer
+        writer.task = task
+        writer.send = send
         gone = False
 
         async def until_disconnect() -> None:
@@ -96,6 +101,11 @@ class EventStreamResponse(Response):
         stream = self.stream
         try:
             async for chunk in stream:
+                if writer.unfinished is not None:
+                    # A frame the stream wrote directly is waiting for the socket.
+                    await writer.finish()
+                if not chunk:
+                    continue
                 writer.send_started = time.monotonic()
                 await send(
                     {"type": "http.response.body", "body": chunk, "more_body": True}
@@ -111,6 +121,7 @@ class EventStreamResponse(Response):
                 self._dropped(scope)
             return
         finally:
+            writer.abandon()
             self.fanout.writers.discard(writer)
             watcher.cancel()
             if isinstance(stream, AsyncGenerator):

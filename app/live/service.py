@@ -11,6 +11,7 @@ from app.events import service as events_service
 from app.events.types import validate_types
 from app.ids import format_id, parse_or_400
 from app.live import frames
+from app.live.fanout import StreamWriter
 from app.live.items import LIVE_ONLY_TYPES
 from app.live.response import EventStreamResponse
 from app.live.streams import StreamConfig, message_mutations, upstream_events
@@ -90,6 +91,7 @@ async def open_upstream(
         ) and event_type not in exclude_filter
 
     slot = state.limits.acquire(session_id, "sse")
+    writer = StreamWriter()
     return EventStreamResponse(
         upstream_events(
             database=state.database,
@@ -100,9 +102,11 @@ async def open_upstream(
             config=_config(state, "heartbeat"),
             release=slot.release,
             key_hash=key_hash,
+            writer=writer,
         ),
         state.fanout,
         release=slot.release,
+        writer=writer,
     )
 
 
@@ -127,6 +131,7 @@ async def open_mutations(
     cursor = _sequence(last_event_id, "Last-Event-ID") if last_event_id else query
     await _require_session(state, organization_id, session_id)
     slot = state.limits.acquire(session_id, "mutations")
+    writer = StreamWriter()
     return EventStreamResponse(
         message_mutations(
             database=state.database,
@@ -137,7 +142,9 @@ async def open_mutations(
             config=_config(state, "ping"),
             release=slot.release,
             key_hash=key_hash,
+            writer=writer,
         ),
         state.fanout,
         release=slot.release,
+        writer=writer,
     )

@@ -21,6 +21,7 @@ from app.live import frames
 from app.live.fanout import (
     CYCLE,
     EVENT_MUTATION,
+    FLUSH,
     GONE,
     HEARTBEAT,
     MUTATION_COLUMNS,
@@ -33,7 +34,9 @@ from app.live.fanout import (
     Fanout,
     Marker,
     MessageOut,
+    Out,
     PartOut,
+    StreamWriter,
     Subscription,
     WarningOut,
     checkpoint_order,
@@ -142,10 +145,20 @@ async def upstream_events(
     config: StreamConfig,
     release: Callable[[], None],
     key_hash: str | None = None,
+    writer: StreamWriter | None = None,
 ) -> AsyncIterator[bytes]:
     """Upstream's `/sse`: `connected`, replay after the cursor, then the live tail.
-    Revoking `key_hash` (the key it was opened with) ends it."""
+    Revoking `key_hash` (the key it was opened with) ends it. Through `writer` (its
+    response's) it writes live deltas straight from the fan-out's pass."""
     sub = fanout.subscribe(session_id, key_hash)
+
+    def direct(item: Out) -> Out | None:
+        if type(item) is not DeltaOut or writer is None or writer.send is None:
+            return item
+        if not accept(item.delta.event_type):
+            return None
+        return None if writer.write_now(item.sse_frame) else FLUSH
+
     try:
         # The starting position is fixed before `connected` goes out: a client that acts
         # on `connected` (posts a message) must see everything that follows.
@@ -164,7 +177,7 @@ async def upstream_events(
         while True:
             if batch.due(sub):
                 yield batch.take()
-            item = await sub.next()
+            item = await sub.next(direct)
             if item is None:
                 if sub.overflowed:
                     _overflowed(session_id, sub.limit)
@@ -197,6 +210,9 @@ async def upstream_events(
                 position.sequence = item.sequence
                 if accept(item.type):
                     batch.add(item.frame)
+            elif item is FLUSH:
+                # The response finishes the write `direct` began.
+                yield b""
             elif item is HEARTBEAT:
                 if config.keepalive is not None:
                     batch.add(config.keepalive)
@@ -249,13 +265,31 @@ async def message_mutations(
     config: StreamConfig,
     release: Callable[[], None],
     key_hash: str | None = None,
+    writer: StreamWriter | None = None,
 ) -> AsyncIterator[bytes]:
     """The Mutation stream: `message` snapshots with cursor ids, `part`/`delta` of the
     live projection, `reset` when the cursor cannot be honoured, and `disconnecting`
-    before every close the server decides, as on `/sse`. Revoking `key_hash` ends it."""
+    before every close the server decides, as on `/sse`. Revoking `key_hash` ends it.
+    Through `writer` (its response's) it writes live deltas straight from the
+    fan-out's pass."""
     sub = fanout.subscribe(session_id, key_hash)
     # UTF-16 code units of each live part this client has been sent, to trim overlaps.
     sent: dict[str, int] = {}
+
+    def direct(item: Out) -> Out | None:
+        # A delta that follows what the client has, whole (a trimmed one, rare, is
+        # the loop's).
+        if type(item) is not DeltaOut or writer is None or writer.send is None:
+            return item
+        delta = item.delta
+        known = sent.get(delta.part_id)
+        if known is None or item.end <= known:
+            return None
+        if delta.offset < known:
+            return item
+        sent[delta.part_id] = item.end
+        return None if writer.write_now(item.mutation_frame) else FLUSH
+
     try:
         # First, before any read: the reconnection time, and the sign that the stream
         # is subscribed (whatever commits from now on reaches it).
@@ -281,7 +315,7 @@ async def message_mutations(
         while True:
             if batch.due(sub):
                 yield batch.take()
-            item = await sub.next()
+            item = await sub.next(direct)
             if item is None:
                 if sub.overflowed:
                     _overflowed(session_id, sub.limit)
@@ -336,6 +370,9 @@ async def message_mutations(
                 batch.add(item.frame)
             elif isinstance(item, WarningOut):
                 batch.add(item.mutation_frame)
+            elif item is FLUSH:
+                # The response finishes the write `direct` began.
+                yield b""
             elif item is HEARTBEAT:
                 if config.keepalive is not None:
                     batch.add(config.keepalive)

@@ -282,6 +282,9 @@ class TracedHooks:
         ):
             self.inner.after_commit(outbox)
 
+    def commit_unknown(self) -> None:
+        self.inner.commit_unknown()
+
 
 def hooks(inner: "CommitHooks") -> "CommitHooks":
     """The commit hooks to install: `inner`, traced while tracing is on."""

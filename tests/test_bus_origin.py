@@ -1,0 +1,134 @@
+"""The PostgreSQL bus delivers a process's own items in memory, once, as it commits or
+publishes them, and carries them to the other processes through NOTIFY; a process
+skips its own when they come back. A COMMIT that fails without an answer may have
+committed: the process's subscribers then re-read from their cursors (`Resync`)."""
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from app.db.session import Database
+from app.live.bus import PgBus, _asyncpg_dsn
+from app.live.items import BusItem, Resync, TextDelta, Wakeup
+from app.settings import Settings
+from tests.conftest import Running
+from tests.helpers import new_session_row
+
+
+class Process:
+    """A database handle and a bus, as one process holds them, and what its bus
+    delivered to it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.database = Database.from_settings(settings)
+        self.bus = PgBus(settings.database_url)
+        self.database.hooks = self.bus
+        self.heard: list[BusItem] = []
+        self.bus.sink = self.heard.append
+
+    def of(self, kind: type) -> list[Any]:
+        return [item for item in self.heard if isinstance(item, kind)]
+
+
+@pytest.fixture
+async def processes(running: Running, settings: Settings) -> AsyncIterator[Any]:
+    if not settings.database_url.startswith("postgresql"):
+        pytest.skip("needs PostgreSQL (set TEST_DATABASE_URL)")
+    first, second = Process(settings), Process(settings)
+    await first.bus.start()
+    await second.bus.start()
+    yield first, second
+    for process in (first, second):
+        await process.bus.stop()
+        await process.database.dispose()
+
+
+async def heard_by(process: Process, kind: type, count: int) -> list[Any]:
+    """What `process` heard of `kind` once it has `count` of them (within 5 s), and
+    after a further 0.3 s in which an echo would have arrived."""
+    for _ in range(100):
+        if len(process.of(kind)) >= count:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    return process.of(kind)
+
+
+def delta(session_id: uuid.UUID, text: str) -> TextDelta:
+    return TextDelta(
+        session_id,
+        uuid.uuid4(),
+        1,
+        None,
+        "agent-text:1",
+        0,
+        text,
+        "output.message.delta",
+        f"event_{uuid.uuid4().hex}",
+        "2026-12-02T00:00:00.000Z",
+    )
+
+
+async def test_a_published_item_reaches_its_own_process_at_once_and_once(
+    processes: tuple[Process, Process],
+) -> None:
+    first, second = processes
+    item = delta(uuid.uuid4(), "hello")
+    await first.bus.publish(item)
+    # Delivered in memory before the NOTIFY's round trip ended.
+    assert first.of(TextDelta) == [item]
+    assert await heard_by(second, TextDelta, 1) == [item]
+    # Its echo came back to the first process, which skipped it.
+    assert await heard_by(first, TextDelta, 2) == [item]
+
+
+async def test_a_commit_wakes_its_own_process_at_commit_and_the_other_once(
+    processes: tuple[Process, Process],
+) -> None:
+    first, second = processes
+    session_id = uuid.uuid4()
+    async with first.database.write() as db:
+        db.outbox.wake(session_id, 7)
+    assert first.of(Wakeup) == [Wakeup(session_id, 7, False)]
+    assert await heard_by(second, Wakeup, 1) == [Wakeup(session_id, 7, False)]
+    assert await heard_by(first, Wakeup, 2) == [Wakeup(session_id, 7, False)]
+    # And the other way round: each process hears the other's.
+    async with second.database.write() as db:
+        db.outbox.wake(session_id, 8, input_only=True)
+    assert await heard_by(first, Wakeup, 2) == [
+        Wakeup(session_id, 7, False),
+        Wakeup(session_id, 8, True),
+    ]
+    assert second.of(Wakeup) == [
+        Wakeup(session_id, 7, False),
+        Wakeup(session_id, 8, True),
+    ]
+
+
+async def test_a_commit_without_an_answer_makes_its_process_resync(
+    processes: tuple[Process, Process], settings: Settings
+) -> None:
+    first, second = processes
+    session_id = await new_session_row(first.database)
+    first.heard.clear()
+    admin = await asyncpg.connect(_asyncpg_dsn(settings.database_url))
+    try:
+        with pytest.raises(OperationalError):
+            async with first.database.write() as db:
+                await db.lock_session(session_id)
+                db.outbox.wake(session_id, 99)
+                # The unit's connection dies before its COMMIT is answered.
+                driver = db._driver  # type: ignore[attr-defined]
+                pid = await driver.fetchval("SELECT pg_backend_pid()")
+                await admin.execute("SELECT pg_terminate_backend($1)", pid)
+    finally:
+        await admin.close()
+    assert first.of(Resync) == [Resync()]
+    assert first.of(Wakeup) == []
+    # It did not commit: the other process heard nothing of it.
+    assert await heard_by(second, Wakeup, 1) == []
