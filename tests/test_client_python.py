@@ -505,7 +505,7 @@ async def test_sync_converges_despite_random_disconnects(
 ) -> None:
     seed = random.randrange(100_000)
     chooser = random.Random(seed)
-    transport = RecordingTransport(cut=lambda: 0.01 + chooser.random() * 0.3)
+    transport = RecordingTransport(cut=lambda: 0.01 + chooser.random() * 0.15)
     async with make_client(keyed_server, transport) as client:
         session = await client.create_session()
         async with session.sync() as view:
