@@ -98,6 +98,8 @@ def delta(session_id: uuid.UUID, message_id: uuid.UUID, offset: int) -> DeltaOut
 async def open_stream(
     fanout: Fanout, session_id: uuid.UUID, kind: str
 ) -> tuple[Client, asyncio.Task[None], Subscription]:
+    """A stream of `kind` subscribed to the session, past its start, holding a live
+    part."""
     client = Client()
     writer = StreamWriter()
     common: dict[str, Any] = {
@@ -123,6 +125,9 @@ async def open_stream(
             break
     assert channel is not None
     (sub,) = channel.subscribers
+    # The live part the deltas extend.
+    channel.offer(PartOut(PART, 0, b"event: part\ndata: p\n\n"))
+    await settle()
     return client, client.task, sub
 
 
@@ -138,8 +143,6 @@ async def test_deltas_go_out_in_the_fanouts_pass_and_in_order(kind: str) -> None
     client, task, _ = await open_stream(fanout, session_id, kind)
     channel = fanout.channels[session_id]
     try:
-        channel.offer(PartOut(PART, 0, b"event: part\ndata: p\n\n"))
-        await settle()
         before = len(client.chunks)
         offset = 0
         expected: list[bytes] = []
@@ -180,8 +183,6 @@ async def test_a_direct_write_that_waits_is_finished_first(kind: str) -> None:
     client, task, sub = await open_stream(fanout, session_id, kind)
     channel = fanout.channels[session_id]
     try:
-        channel.offer(PartOut(PART, 0, b"event: part\ndata: p\n\n"))
-        await settle()
         before = len(client.chunks)
         offset = 0
         expected: list[bytes] = []
@@ -227,8 +228,6 @@ async def test_a_client_that_stops_reading_is_dropped_after_the_send_timeout() -
     client, task, _ = await open_stream(fanout, session_id, "mutation")
     channel = fanout.channels[session_id]
     try:
-        channel.offer(PartOut(PART, 0, b"event: part\ndata: p\n\n"))
-        await settle()
         client.writable.clear()
         channel.offer(delta(session_id, message_id, 0))
         # The task finishes nothing (the socket never drains): the process timer
