@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from app.live.fanout import (
+    Channel,
     DeltaOut,
     Fanout,
     MessageOut,
@@ -77,29 +78,42 @@ class Client:
         return [frame + b"\n\n" for frame in joined.split(b"\n\n") if frame]
 
 
-def delta(session_id: uuid.UUID, message_id: uuid.UUID, offset: int) -> DeltaOut:
-    text = f"d{offset:03d}"
-    item = TextDelta(
-        session_id,
-        message_id,
-        1,
-        None,
-        PART,
-        offset,
-        text,
-        "output.message.delta",
-        f"event_{offset}",
-        "2026-12-02T00:00:00.000Z",
-    )
-    frame = f"event: delta\ndata: {text}\n\n".encode()
-    return DeltaOut(item, frame, frame, offset + len(text))
+class Deltas:
+    """Consecutive deltas of the live part, offered to the session's channel, and every
+    frame its client is owed so far."""
+
+    def __init__(self, channel: Channel, session_id: uuid.UUID) -> None:
+        self.channel = channel
+        self.session_id = session_id
+        self.message_id = uuid.uuid4()
+        self.offset = 0
+        self.expected: list[bytes] = []
+
+    def offer(self) -> None:
+        offset = self.offset
+        text = f"d{offset:03d}"
+        item = TextDelta(
+            self.session_id,
+            self.message_id,
+            1,
+            None,
+            PART,
+            offset,
+            text,
+            "output.message.delta",
+            f"event_{offset}",
+            "2026-12-02T00:00:00.000Z",
+        )
+        frame = f"event: delta\ndata: {text}\n\n".encode()
+        self.offset = offset + len(text)
+        self.expected.append(frame)
+        self.channel.offer(DeltaOut(item, frame, frame, self.offset))
 
 
-async def open_stream(
-    fanout: Fanout, session_id: uuid.UUID, kind: str
-) -> tuple[Client, asyncio.Task[None], Subscription]:
-    """A stream of `kind` subscribed to the session, past its start, holding a live
-    part."""
+async def open_stream(fanout: Fanout, kind: str) -> tuple[Client, Subscription, Deltas]:
+    """A stream of `kind` subscribed to a new session, past its start, holding a live
+    part; the deltas that extend it."""
+    session_id = uuid.uuid4()
     client = Client()
     writer = StreamWriter()
     common: dict[str, Any] = {
@@ -125,10 +139,9 @@ async def open_stream(
             break
     assert channel is not None
     (sub,) = channel.subscribers
-    # The live part the deltas extend.
     channel.offer(PartOut(PART, 0, b"event: part\ndata: p\n\n"))
     await settle()
-    return client, client.task, sub
+    return client, sub, Deltas(channel, session_id)
 
 
 async def settle() -> None:
@@ -136,84 +149,65 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+async def stop(client: Client) -> None:
+    assert client.task is not None
+    client.task.cancel()
+    await asyncio.gather(client.task, return_exceptions=True)
+
+
 @pytest.mark.parametrize("kind", ["mutation", "sse"])
 async def test_deltas_go_out_in_the_fanouts_pass_and_in_order(kind: str) -> None:
     fanout = Fanout(Statements(), queue_size=1000)  # type: ignore[arg-type]
-    session_id, message_id = uuid.uuid4(), uuid.uuid4()
-    client, task, _ = await open_stream(fanout, session_id, kind)
-    channel = fanout.channels[session_id]
+    client, _, deltas = await open_stream(fanout, kind)
     try:
         before = len(client.chunks)
-        offset = 0
-        expected: list[bytes] = []
         for round_ in range(5):
             # Deltas while the stream waits: written at once, by the fan-out's pass.
             for _ in range(10):
-                item = delta(session_id, message_id, offset)
-                offset = item.end
                 outside = client.outside_task
-                channel.offer(item)
+                deltas.offer()
                 assert client.outside_task == outside + 1
-                expected.append(item.mutation_frame)
             # A snapshot is the stream's own to write: it wakes the task, and the
             # deltas offered before the task runs queue behind it.
             snapshot = f"event: message\ndata: m{round_}\n\n".encode()
-            channel.offer(MessageOut(round_ + 1, True, snapshot))
-            for _ in range(3):
-                item = delta(session_id, message_id, offset)
-                offset = item.end
-                channel.offer(item)
-                expected.append(item.mutation_frame)
+            deltas.channel.offer(MessageOut(round_ + 1, True, snapshot))
             if kind == "mutation":
-                expected.insert(len(expected) - 3, snapshot)
+                deltas.expected.append(snapshot)
+            for _ in range(3):
+                deltas.offer()
             await settle()
-        frames = client.frames()[before:]
-        assert frames == expected
+        assert client.frames()[before:] == deltas.expected
         assert client.in_task > 0
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-    assert fanout.count(session_id) == 0
+        await stop(client)
+    assert fanout.count(deltas.session_id) == 0
 
 
 @pytest.mark.parametrize("kind", ["mutation", "sse"])
 async def test_a_direct_write_that_waits_is_finished_first(kind: str) -> None:
     fanout = Fanout(Statements(), queue_size=1000)  # type: ignore[arg-type]
-    session_id, message_id = uuid.uuid4(), uuid.uuid4()
-    client, task, sub = await open_stream(fanout, session_id, kind)
-    channel = fanout.channels[session_id]
+    client, sub, deltas = await open_stream(fanout, kind)
     try:
         before = len(client.chunks)
-        offset = 0
-        expected: list[bytes] = []
         for _ in range(3):
-            item = delta(session_id, message_id, offset)
-            offset = item.end
-            channel.offer(item)
-            expected.append(item.mutation_frame)
+            deltas.offer()
         # The socket stops taking data: the next direct write waits, and what comes
         # after it queues behind it.
         client.writable.clear()
         for _ in range(5):
-            item = delta(session_id, message_id, offset)
-            offset = item.end
-            channel.offer(item)
-            expected.append(item.mutation_frame)
+            deltas.offer()
         assert sub.direct is None
         await settle()
         assert len(client.chunks) == before + 3
         client.writable.set()
         await settle()
         # Direct writes again once the task caught up.
-        item = delta(session_id, message_id, offset)
         outside = client.outside_task
-        channel.offer(item)
-        expected.append(item.mutation_frame)
+        deltas.offer()
         assert client.outside_task == outside + 1
-        assert client.frames()[-len(expected) :] == expected
+        assert client.frames()[-len(deltas.expected) :] == deltas.expected
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await stop(client)
 
 
 async def test_a_client_that_stops_reading_is_dropped_after_the_send_timeout() -> None:
@@ -224,16 +218,16 @@ async def test_a_client_that_stops_reading_is_dropped_after_the_send_timeout() -
         send_timeout_seconds=0.3,
     )
     fanout.start()
-    session_id, message_id = uuid.uuid4(), uuid.uuid4()
-    client, task, _ = await open_stream(fanout, session_id, "mutation")
-    channel = fanout.channels[session_id]
+    client, _, deltas = await open_stream(fanout, "mutation")
+    task = client.task
+    assert task is not None
     try:
         client.writable.clear()
-        channel.offer(delta(session_id, message_id, 0))
+        deltas.offer()
         # The task finishes nothing (the socket never drains): the process timer
         # stops the stream, which ends without an error.
         await asyncio.wait_for(task, 5)
         assert task.exception() is None
-        assert fanout.count(session_id) == 0
+        assert fanout.count(deltas.session_id) == 0
     finally:
         await fanout.close()

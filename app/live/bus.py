@@ -56,6 +56,18 @@ MAX_NOTIFY_BYTES = 7000
 Sink = Callable[[BusItem], None]
 
 
+def committed_items(outbox: Outbox) -> list[BusItem]:
+    """What every process hears of a committed transaction: its wake-ups, deletions and
+    key changes (its kicks are for the local runner only)."""
+    items: list[BusItem] = [
+        Wakeup(s, q, s in outbox.input_only) for s, q in outbox.wakeups.items()
+    ]
+    items += [Deleted(s) for s in outbox.deleted]
+    if outbox.keys_changed:
+        items.append(KeysChanged())
+    return items
+
+
 class Bus:
     """Interface shared by both implementations. Every item that reaches this process is
     handed to `sink` (the dispatcher), in the order the bus delivered it."""
@@ -78,12 +90,8 @@ class Bus:
         """Called once a write transaction committed, with its outbox: its wake-ups,
         deletions and key changes reach this process's own subscribers at once, and the
         sessions whose turn it started are handed to the local runner (`kicks`)."""
-        for session_id, sequence in outbox.wakeups.items():
-            self.sink(Wakeup(session_id, sequence, session_id in outbox.input_only))
-        for session_id in outbox.deleted:
-            self.sink(Deleted(session_id))
-        if outbox.keys_changed:
-            self.sink(KeysChanged())
+        for item in committed_items(outbox):
+            self.sink(item)
         for session_id in outbox.kicks:
             self.sink(Kick(session_id))
 
@@ -325,14 +333,7 @@ class PgBus(Bus):
 
     async def before_commit(self, db: Write) -> None:
         # NOTIFY is transactional: delivered at COMMIT, discarded on ROLLBACK.
-        outbox = db.outbox
-        items: list[BusItem] = [
-            Wakeup(s, q, s in outbox.input_only) for s, q in outbox.wakeups.items()
-        ]
-        items += [Deleted(s) for s in outbox.deleted]
-        if outbox.keys_changed:
-            items.append(KeysChanged())
-        for item in items:
+        for item in committed_items(db.outbox):
             db.notify(CHANNEL, self._payload(orjson.dumps(encode(item))))
 
     def commit_unknown(self) -> None:
