@@ -255,6 +255,22 @@ async def _replay_events(
             return
 
 
+def _delta_mutation(item: DeltaOut, sent: dict[str, int]) -> bytes | None:
+    """The Mutation frame of a live delta for a client that has `sent[part_id]` UTF-16
+    code units of its part: trimmed to what the client lacks, None when it lacks nothing
+    (or was never sent the part). Records what the client will then have."""
+    delta = item.delta
+    known = sent.get(delta.part_id)
+    if known is None or item.end <= known:
+        return None
+    sent[delta.part_id] = item.end
+    if delta.offset < known:
+        return frames.delta_mutation(
+            delta, known, wire.utf16_tail(delta.text, known - delta.offset)
+        )
+    return item.mutation_frame
+
+
 async def message_mutations(
     *,
     database: Database,
@@ -277,18 +293,12 @@ async def message_mutations(
     sent: dict[str, int] = {}
 
     def direct(item: Out) -> Out | None:
-        # A delta that follows what the client has, whole (a trimmed one, rare, is
-        # the loop's).
         if type(item) is not DeltaOut or writer is None or writer.send is None:
             return item
-        delta = item.delta
-        known = sent.get(delta.part_id)
-        if known is None or item.end <= known:
+        frame = _delta_mutation(item, sent)
+        if frame is None:
             return None
-        if delta.offset < known:
-            return item
-        sent[delta.part_id] = item.end
-        return None if writer.write_now(item.mutation_frame) else FLUSH
+        return None if writer.write_now(frame) else FLUSH
 
     try:
         # First, before any read: the reconnection time, and the sign that the stream
@@ -326,21 +336,9 @@ async def message_mutations(
                 return
             # Deltas first: nearly every item of a streaming turn is one.
             if type(item) is DeltaOut:
-                delta = item.delta
-                known = sent.get(delta.part_id)
-                if known is None or item.end <= known:
-                    continue
-                sent[delta.part_id] = item.end
-                if delta.offset < known:
-                    batch.add(
-                        frames.delta_mutation(
-                            delta,
-                            known,
-                            wire.utf16_tail(delta.text, known - delta.offset),
-                        )
-                    )
-                else:
-                    batch.add(item.mutation_frame)
+                frame = _delta_mutation(item, sent)
+                if frame is not None:
+                    batch.add(frame)
             elif isinstance(item, EventOut):
                 if item.sequence > cursor + 1:
                     if batch:
