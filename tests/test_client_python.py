@@ -505,18 +505,24 @@ async def test_sync_converges_despite_random_disconnects(
 ) -> None:
     seed = random.randrange(100_000)
     chooser = random.Random(seed)
-    transport = RecordingTransport(cut=lambda: 0.01 + chooser.random() * 0.15)
+    transport = RecordingTransport(cut=lambda: 0.01 + chooser.random() * 0.3)
     async with make_client(keyed_server, transport) as client:
         session = await client.create_session()
+        scenarios = (
+            "/scenario long 40",
+            "/scenario tool",
+            "/scenario reasoning",
+            "/scenario long 25",
+        )
         async with session.sync() as view:
             shown = record_live_text(view)
-            for text in (
-                "/scenario long 40",
-                "/scenario tool",
-                "/scenario reasoning",
-                "/scenario long 25",
-            ):
-                await session.send(text)
+            # Every scenario once, then more turns (at most eight) until the stream
+            # has been cut at least four times: how many cuts a turn sees depends on
+            # how fast the server runs it.
+            for turn in range(len(scenarios) + 8):
+                if turn >= len(scenarios) and len(transport.streams()) >= 5:
+                    break
+                await session.send(scenarios[turn % len(scenarios)])
                 expected = await converged(view, session)
                 assert_prefixes(shown, expected)
         streams = transport.streams()

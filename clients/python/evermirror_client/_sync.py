@@ -322,8 +322,14 @@ class SyncView(Closing):
                             await reader
                         finally:
                             reader.cancel()
-                            with contextlib.suppress(asyncio.CancelledError):
+                            try:
                                 await reader
+                            except asyncio.CancelledError:
+                                # The reader's own cancellation ends here; this task's
+                                # (`aclose` while it waited for the reader) goes on.
+                                current = asyncio.current_task()
+                                if current is not None and current.cancelling():
+                                    raise
                     hint = stream.retry_ms
                 except EvermirrorError as error:
                     if not error.retryable:
