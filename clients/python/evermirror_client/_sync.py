@@ -89,6 +89,9 @@ class SyncView(Closing):
         self._notify_scheduled = False
         self._changed_event = asyncio.Event()
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Set by `aclose`: the loop ends even if a cancellation was absorbed below it
+        # (a stream that finished with an error as it was being cancelled).
+        self._closing = False
         self._task = asyncio.create_task(self._run())
 
     # ---- what the view shows ------------------------------------------------------
@@ -174,6 +177,7 @@ class SyncView(Closing):
         return added
 
     async def aclose(self) -> None:
+        self._closing = True
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
@@ -305,7 +309,7 @@ class SyncView(Closing):
         client = self.session.client
         failures = 0
         try:
-            while True:
+            while not self._closing:
                 attempt = _Attempt()
                 live = False
                 hint: int | None = None
