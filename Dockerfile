@@ -2,7 +2,7 @@
 # evermirror: `docker build -t evermirror .`, then
 #   docker run -p 8000:8000 -v evermirror-data:/data evermirror
 # A fresh container creates the first API key and prints it in its first log lines
-# (`serve --first-key`); see "Container" in README.md.
+# (`serve --first-key`); see "Container" in docs/deployment.md.
 
 # ---- builder: the wheel, from the source tree --------------------------------------------
 FROM python:3.11-slim AS builder
@@ -11,7 +11,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY app ./app
 COPY migrations ./migrations
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .

@@ -21,8 +21,8 @@ install: $(STAMP) ## create .venv and install the project, its dev tools and the
 run: $(STAMP) ## migrate the embedded SQLite file and serve on 127.0.0.1:8000
 	$(BIN)/python -m app serve
 
-test: $(STAMP) ## run the suite, both clients' tests included (SQLite; PostgreSQL too when TEST_DATABASE_URL is set)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+test: $(STAMP) ## run the suite, both clients' tests included (SQLite; PostgreSQL too when TEST_DATABASE_URL is set), and hold app/'s coverage to its floor
+	$(BIN)/python -m pytest --cov --cov-report=term:skip-covered $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check $(LINTED)
@@ -50,4 +50,4 @@ bench-smoke: $(STAMP) ## every benchmark row once at tiny sizes (~1 min)
 check: lint typecheck test ## everything CI runs
 
 clean: ## remove the venv and local data
-	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache .coverage

@@ -10,7 +10,7 @@ remembered key is re-checked at once, and streams opened with a revoked key are 
 
 Unknown keys are remembered too, in a small cache of their own (`NEGATIVE_SIZE`): a flood
 of fresh bogus keys cannot evict the valid ones, and its database lookups are bounded by
-the rate limiter's budget for unknown credentials (app.guards).
+the rate limiter's budget for unknown credentials (app.api.guards).
 """
 
 import asyncio

@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.catalog.registry import ConfigError, load_catalog
-from app.ops import logs
 from app.settings import Settings, describe_error, get_settings
+from app.telemetry import logs
 
 log = logging.getLogger("app.cli")
 
@@ -59,7 +59,7 @@ async def _keys_state(settings: Settings, first_key: bool) -> bool:
 
     database = Database.from_settings(settings)
     # A key created here ends open mode on running servers too (see `_keys`).
-    database.hooks = create_bus(settings.database_url)
+    database.hooks = create_bus(settings.backend, settings.database_url)
     try:
         if first_key:
             async with database.write() as db:
@@ -100,7 +100,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("--workers must be at least 1", file=sys.stderr)
         return 2
-    if args.workers > 1 and settings.is_sqlite:
+    if args.workers > 1 and not settings.backend.shared:
         print(
             "--workers needs PostgreSQL: the embedded SQLite deployment is one process "
             "(one writer, an in-process bus). Run one process, or point DATABASE_URL "
@@ -244,7 +244,7 @@ async def _keys(args: argparse.Namespace) -> int:
     database = Database.from_settings(settings)
     # Key changes are announced like the service's own writes: a NOTIFY with the COMMIT
     # on PostgreSQL, heard by every server; SQLite servers poll the keys table.
-    database.hooks = create_bus(settings.database_url)
+    database.hooks = create_bus(settings.backend, settings.database_url)
     try:
         if args.keys_command == "create":
             try:
@@ -280,7 +280,8 @@ async def _keys(args: argparse.Namespace) -> int:
                 # request fails: they poll every keys_poll_seconds (SQLite), or hear
                 # the NOTIFY within milliseconds (PostgreSQL).
                 await asyncio.sleep(
-                    (settings.keys_poll_seconds if settings.is_sqlite else 0) + 0.25
+                    (0 if settings.backend.shared else settings.keys_poll_seconds)
+                    + 0.25
                 )
             print(f"revoked {count} key(s)")
             return 0 if count else 1

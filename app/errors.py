@@ -20,7 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.ops import logs
+from app.telemetry import logs
 
 log = logging.getLogger("app.errors")
 

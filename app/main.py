@@ -1,10 +1,11 @@
 """Application factory and lifespan: database, bus, key resolver and turn runner."""
 
 import asyncio
+import functools
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi import APIRouter, FastAPI, Request
@@ -12,17 +13,27 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel
-from starlette.types import Message, Receive, Scope, Send
 
 from app import __doc__ as app_doc
+from app.api.asgi import Service, TracedService
+from app.api.catalog import router as catalog_router
+from app.api.conditional import IfNoneMatchStarMiddleware
+from app.api.docs import install_docs
+from app.api.events import router as events_router
+from app.api.guards import BodyGuardMiddleware, RateLimiter, RateLimitMiddleware
+from app.api.hot import HotRoutes
+from app.api.interactions import router as interactions_router
+from app.api.messages import router as messages_router
+from app.api.sessions import router as sessions_router
+from app.api.state import AppState
+from app.api.streams import router as live_router
+from app.api.tools import router as tools_router
 from app.auth import KeyResolver
-from app.catalog.registry import load_catalog
-from app.catalog.router import router as catalog_router
-from app.conditional import IfNoneMatchStarMiddleware
+from app.catalog.registry import Catalog, load_catalog
+from app.db import traced as traced_db
 from app.db.migrate import upgrade
 from app.db.reads import create_reads
 from app.db.session import Database
-from app.docs import install_docs
 from app.errors import (
     PROBLEM_JSON,
     ProblemCORSMiddleware,
@@ -32,31 +43,22 @@ from app.errors import (
     install_error_handlers,
     problem_response,
 )
-from app.events.router import router as events_router
-from app.guards import BodyGuardMiddleware, RateLimiter, RateLimitMiddleware
-from app.hot import HotRoutes
-from app.interactions.router import router as interactions_router
+from app.journal.admission import TurnAdmission
 from app.live.bus import create_bus
+from app.live.cache import PageCache
 from app.live.dispatch import Dispatcher
 from app.live.fanout import Fanout
 from app.live.limits import StreamLimits
-from app.live.router import router as live_router
-from app.messages.admission import TurnAdmission
-from app.messages.cache import PageCache
-from app.messages.router import router as messages_router
 from app.metrics import (
     Metrics,
-    answer as answer_metrics,
     serve_port as serve_metrics_port,
 )
-from app.ops import drain, logs, traces
+from app.ops import drain
 from app.ops.ready import readiness
 from app.runner.runner import TurnRunner
 from app.schemas import JSON_VALUE_SCHEMA
-from app.sessions.router import router as sessions_router
 from app.settings import Settings, get_settings
-from app.state import AppState
-from app.tools.router import router as tools_router
+from app.telemetry import logs, traces
 from app.web.router import create_router as web_router
 
 log = logging.getLogger("app")
@@ -97,63 +99,6 @@ NOT_READY: dict[int | str, dict[str, Any]] = {
         },
     }
 }
-
-
-class Service(FastAPI):
-    """The application: hot requests are answered in front of FastAPI (app/hot.py),
-    everything else by it."""
-
-    hot: HotRoutes | None = None
-    metrics: Metrics | None = None
-    # Whether GET /metrics is answered on this (the main) port.
-    metrics_here = False
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        hot = self.hot
-        metrics = self.metrics
-        if scope["type"] != "http":
-            await super().__call__(scope, receive, send)
-            return
-        if hot is not None:
-            # Answered on the hot path, or passed on with what FastAPI must read.
-            passed = await hot.serve(scope, receive, send)
-            if passed is None:
-                return
-            receive = passed
-        if metrics is None:
-            await super().__call__(scope, receive, send)
-            return
-        if scope["path"] == "/metrics" and self.metrics_here:
-            await answer_metrics(metrics, scope, receive, send)
-            return
-        # The hot routes time themselves; FastAPI's are timed to their response start,
-        # labelled with the route template the router matched.
-        start = time.perf_counter()
-
-        async def timed(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                route = scope.get("route")
-                metrics.request(
-                    getattr(route, "path", "unmatched"),
-                    scope["method"],
-                    message["status"],
-                    time.perf_counter() - start,
-                )
-            await send(message)
-
-        await super().__call__(scope, receive, timed)
-
-
-class TracedService(Service):
-    """The application while tracing is on (app/ops/traces.py): every HTTP request is
-    answered inside its span. A plain `Service` otherwise, so untraced requests pay
-    nothing for it."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await super().__call__(scope, receive, send)
-            return
-        await traces.serve(super().__call__, scope, receive, send)
 
 
 def watch(metrics: Metrics, state: AppState) -> None:
@@ -205,130 +150,183 @@ def watch(metrics: Metrics, state: AppState) -> None:
         )
 
 
+@dataclass
+class Parts:
+    """What the application is built from before it starts: read at creation, so a bad
+    MODELS_FILE stops it before it serves."""
+
+    settings: Settings
+    catalog: Catalog
+    limiter: RateLimiter | None
+    metrics: Metrics | None
+    traced: bool
+    hot: HotRoutes
+
+
 def create_app(settings: Settings | None = None) -> Service:
     settings = settings or get_settings()
-    # Read here, not in the lifespan: a bad MODELS_FILE stops the app before it serves.
-    catalog = load_catalog(settings)
-    limiter = RateLimiter.from_settings(settings)
     metrics = Metrics() if settings.metrics_enabled else None
-    traced = traces.from_environment(VERSION)
-    hot = HotRoutes(
-        limiter,
-        cors=bool(settings.cors_origins),
-        tag_logs=logs.access_logged(),
+    # One limiter: the hot path and the middleware count against the same budgets.
+    limiter = RateLimiter.from_settings(settings)
+    parts = Parts(
+        settings=settings,
+        catalog=load_catalog(settings),
+        limiter=limiter,
         metrics=metrics,
+        traced=traces.from_environment(VERSION),
+        hot=HotRoutes(
+            limiter,
+            cors=bool(settings.cors_origins),
+            tag_logs=logs.access_logged(),
+            metrics=metrics,
+        ),
     )
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if settings.should_auto_migrate:
-            await asyncio.to_thread(upgrade, settings.database_url)
-        database = (traces.database_class() if traced else Database).from_settings(
-            settings
-        )
-        reads = create_reads(settings)
-        await reads.start()
-        cache = PageCache(settings.page_cache_bytes)
-        bus = create_bus(settings.database_url)
-        fanout = Fanout(
-            database,
-            settings.sse_queue_size,
-            retry_ms=settings.sse_retry_ms,
-            heartbeat_seconds=settings.sse_heartbeat_seconds,
-            send_timeout_seconds=settings.sse_send_timeout_seconds,
-        )
-        runner = TurnRunner(
-            settings=settings, database=database, reads=reads, bus=bus, catalog=catalog
-        )
-        keys = KeyResolver(
-            database,
-            ttl_seconds=settings.auth_cache_seconds,
-            # PostgreSQL announces key changes on the bus; SQLite's come from another
-            # process (the CLI), which has no bus to reach this one.
-            poll_seconds=settings.keys_poll_seconds if settings.is_sqlite else None,
-        )
-        dispatcher = Dispatcher(bus, cache, fanout, runner, keys)
-        await bus.start()
-        fanout.start()
-        database.hooks = traces.hooks(bus)
-        state = AppState(
-            settings=settings,
-            database=database,
-            reads=reads,
-            cache=cache,
-            keys=keys,
-            bus=bus,
-            fanout=fanout,
-            runner=runner,
-            limits=StreamLimits(
-                # A session's streams may be spread over every process.
-                -(-settings.sse_max_per_session // settings.instances),
-                settings.sse_max_per_process,
-            ),
-            admission=TurnAdmission(
-                per_organization=settings.max_running_turns_per_org,
-                per_process=settings.max_running_turns_per_process,
-                running=lambda: runner.tasks.keys(),
-            ),
-            catalog=catalog,
-        )
-        app.state.app = state
-        await keys.start()
-        if limiter is not None:
-            limiter.keys = keys
-        await runner.start()
-        metrics_server = None
-        if metrics is not None:
-            database.metrics = runner.metrics = dispatcher.metrics = metrics
-            watch(metrics, state)
-            if settings.metrics_port is not None:
-                metrics_server = await serve_metrics_port(
-                    metrics, settings.host, settings.metrics_port
-                )
-        hot.state = state
-        drain.register(state)
-        try:
-            yield
-        finally:
-            drain.unregister(state)
-            hot.state = None
-            if metrics_server is not None:
-                metrics_server.close()
-            if limiter is not None:
-                limiter.keys = None
-            await runner.stop()
-            await keys.stop()
-            await fanout.close()
-            await bus.stop()
-            await reads.close()
-            await database.dispose()
-            traces.flush()
-
-    app = (TracedService if traced else Service)(
+    api = FastAPI(
         title="evermirror",
         version=VERSION,
         description=(app_doc or "").strip(),
-        lifespan=lifespan,
+        lifespan=functools.partial(lifespan, parts),
         generate_unique_id_function=operation_id,
         # `/v1/sessions/` is a problem+json 404 that names the route without the
         # slash, not a 307: a redirect makes clients resend bodies and credentials.
         redirect_slashes=False,
-        # Served from the package's own assets instead (app/docs.py).
+        # Served from the package's own assets instead (app/api/docs.py).
         docs_url=None,
         redoc_url=None,
     )
-    install_error_handlers(app)
-    app.hot = hot
-    app.metrics = metrics
-    app.metrics_here = metrics is not None and settings.metrics_port is None
+    install_error_handlers(api)
+    install_middleware(api, settings, parts.limiter)
+    api.include_router(api_router(), prefix="/v1")
+    # Upstream's base URL (and the official SDK's) ends in /api: same routes, same names.
+    api.include_router(api_router(), prefix="/api/v1", include_in_schema=False)
+    # The web view (the sessions' view_url) and its static files; not in the schema.
+    api.include_router(web_router())
+    install_openapi(api)
+    install_docs(api)
+    install_probes(api)
+    return (TracedService if parts.traced else Service)(
+        api,
+        parts.hot,
+        metrics,
+        metrics_here=metrics is not None and settings.metrics_port is None,
+    )
+
+
+@asynccontextmanager
+async def lifespan(parts: Parts, app: FastAPI) -> AsyncIterator[None]:
+    """Start what the application holds for its lifetime, serve, then stop it."""
+    state, dispatcher = await start_state(parts)
+    app.state.app = state
+    limiter, metrics = parts.limiter, parts.metrics
+    await state.keys.start()
+    if limiter is not None:
+        limiter.keys = state.keys
+    await state.runner.start()
+    metrics_server = None
+    if metrics is not None:
+        state.database.metrics = state.runner.metrics = dispatcher.metrics = metrics
+        watch(metrics, state)
+        if parts.settings.metrics_port is not None:
+            metrics_server = await serve_metrics_port(
+                metrics, parts.settings.host, parts.settings.metrics_port
+            )
+    parts.hot.state = state
+    drain.register(state)
+    try:
+        yield
+    finally:
+        drain.unregister(state)
+        parts.hot.state = None
+        if metrics_server is not None:
+            metrics_server.close()
+        if limiter is not None:
+            limiter.keys = None
+        await stop_state(state)
+
+
+async def start_state(parts: Parts) -> tuple[AppState, Dispatcher]:
+    """The database (migrated first where it should be), the reads, the page cache, the
+    bus and its fan-out, the turn runner and the key resolver, wired to each other."""
+    settings = parts.settings
+    if settings.should_auto_migrate:
+        await asyncio.to_thread(upgrade, settings.database_url)
+    database = (traced_db.database_class() if parts.traced else Database).from_settings(
+        settings
+    )
+    reads = create_reads(settings)
+    await reads.start()
+    cache = PageCache(settings.page_cache_bytes)
+    bus = create_bus(settings.backend, settings.database_url)
+    fanout = Fanout(
+        database,
+        settings.sse_queue_size,
+        retry_ms=settings.sse_retry_ms,
+        heartbeat_seconds=settings.sse_heartbeat_seconds,
+        send_timeout_seconds=settings.sse_send_timeout_seconds,
+    )
+    runner = TurnRunner(
+        settings=settings,
+        database=database,
+        reads=reads,
+        bus=bus,
+        catalog=parts.catalog,
+    )
+    keys = KeyResolver(
+        database,
+        ttl_seconds=settings.auth_cache_seconds,
+        # PostgreSQL announces key changes on the bus; SQLite's come from another
+        # process (the CLI), which has no bus to reach this one.
+        poll_seconds=None if settings.backend.shared else settings.keys_poll_seconds,
+    )
+    dispatcher = Dispatcher(bus, cache, fanout, runner, keys)
+    await bus.start()
+    fanout.start()
+    database.hooks = traced_db.hooks(bus)
+    state = AppState(
+        settings=settings,
+        database=database,
+        reads=reads,
+        cache=cache,
+        keys=keys,
+        bus=bus,
+        fanout=fanout,
+        runner=runner,
+        limits=StreamLimits(
+            # A session's streams may be spread over every process.
+            -(-settings.sse_max_per_session // settings.instances),
+            settings.sse_max_per_process,
+        ),
+        admission=TurnAdmission(
+            per_organization=settings.max_running_turns_per_org,
+            per_process=settings.max_running_turns_per_process,
+            running=lambda: runner.tasks.keys(),
+        ),
+        catalog=parts.catalog,
+    )
+    return state, dispatcher
+
+
+async def stop_state(state: AppState) -> None:
+    await state.runner.stop()
+    await state.keys.stop()
+    await state.fanout.close()
+    await state.bus.stop()
+    await state.reads.close()
+    await state.database.dispose()
+    traces.flush()
+
+
+def install_middleware(
+    api: FastAPI, settings: Settings, limiter: RateLimiter | None
+) -> None:
     # Added innermost first: request context -> CORS -> rate limit -> body guard ->
     # If-None-Match: * -> routes.
-    app.add_middleware(IfNoneMatchStarMiddleware)
-    app.add_middleware(BodyGuardMiddleware, max_body_bytes=settings.max_body_bytes)
+    api.add_middleware(IfNoneMatchStarMiddleware)
+    api.add_middleware(BodyGuardMiddleware, max_body_bytes=settings.max_body_bytes)
     if limiter is not None:
-        app.add_middleware(RateLimitMiddleware, limiter=limiter)
+        api.add_middleware(RateLimitMiddleware, limiter=limiter)
     if settings.cors_origins:
-        app.add_middleware(
+        api.add_middleware(
             ProblemCORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "PATCH", "DELETE", "OPTIONS"],
@@ -352,33 +350,32 @@ def create_app(settings: Settings | None = None) -> Service:
             ],
             max_age=600,
         )
-    app.add_middleware(RequestContextMiddleware)
-    app.include_router(api_router(), prefix="/v1")
-    # Upstream's base URL (and the official SDK's) ends in /api: same routes, same names.
-    app.include_router(api_router(), prefix="/api/v1", include_in_schema=False)
-    # The web view (the sessions' view_url) and its static files; not in the schema.
-    app.include_router(web_router())
+    api.add_middleware(RequestContextMiddleware)
 
-    framework_openapi = app.openapi
+
+def install_openapi(api: FastAPI) -> None:
+    """The document without FastAPI's own 422 (the service answers problem+json)."""
+    framework_openapi = api.openapi
 
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
+        if api.openapi_schema is None:
             schema = drop_framework_422(framework_openapi())
             schema["components"]["schemas"]["JsonValue"] = JSON_VALUE_SCHEMA
-            app.openapi_schema = schema
-        return app.openapi_schema
+            api.openapi_schema = schema
+        return api.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
-    install_docs(app)
+    api.openapi = openapi  # type: ignore[method-assign]
 
-    @app.get("/health", tags=["health"])
+
+def install_probes(api: FastAPI) -> None:
+    @api.get("/health", tags=["health"])
     async def health(request: Request) -> dict[str, str]:
         """Liveness, and whether this process currently hears the bus (PostgreSQL
         `LISTEN` connection up, or the in-process bus)."""
         bus = request.app.state.app.bus
         return {"status": "ok", "bus": "connected" if bus.healthy else "reconnecting"}
 
-    @app.get("/ready", tags=["health"], response_model=Ready, responses=NOT_READY)
+    @api.get("/ready", tags=["health"], response_model=Ready, responses=NOT_READY)
     async def ready(request: Request) -> Ready | Response:
         """Readiness: the database answers, its schema is at this release's migration
         head, and the bus listens. `503` problem+json (`code: not_ready`, with
@@ -399,5 +396,3 @@ def create_app(settings: Settings | None = None) -> Service:
         return problem_response(
             503, detail=report.detail, code="not_ready", extra={"checks": report.checks}
         )
-
-    return app

@@ -11,7 +11,7 @@ prometheus-client's metric families, so the exposition is the library's own.
 `GET /metrics` is answered by `Service.__call__` in front of every middleware: never
 rate-limited, never asks for a key. With `METRICS_PORT` it moves to a port of its own
 (`serve_port`), and on the main port the path is FastAPI's, which has no such route (404). With `--workers N` each worker keeps its
-own figures: a scrape of the main port reaches one of them (see the README).
+own figures: a scrape of the main port reaches one of them (docs/operations.md, "Metrics").
 """
 
 import asyncio
@@ -181,11 +181,6 @@ class Metrics(Collector):
             "Bus items this process received, by kind",
             ("kind",),
         )
-        self.dropped_consumers = Counters(
-            "evermirror_stream_dropped_consumers",
-            "Streams ended because their client read too slowly, by stream kind",
-            ("stream",),
-        )
         self._requests: dict[tuple[str, str, int], Histogram] = {}
         # Read from the objects that hold them when a scrape comes (`read`).
         self.readers: list[Reader] = []
@@ -232,7 +227,6 @@ class Metrics(Collector):
         yield self.fanout_lag.family()
         yield self.bus_lag.family()
         yield self.bus_notifications.family()
-        yield self.dropped_consumers.family()
         for reader in self.readers:
             try:
                 yield reader.family()

@@ -6,7 +6,7 @@ clients send more than we use)."""
 import math
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -39,7 +39,7 @@ MAX_INT64 = 2**63 - 1
 # Fixed caps of request fields, published in the OpenAPI document as maxLength and
 # maxItems. Long free text (message text, context, base64, goal, system_prompt) and
 # free-form JSON (metadata, hints) are capped by settings instead (MAX_TEXT_CHARS,
-# MAX_JSON_BYTES, MAX_JSON_DEPTH), checked by app/guards.py.
+# MAX_JSON_BYTES, MAX_JSON_DEPTH), checked by app/api/guards.py.
 MAX_TITLE_CHARS = 1000
 MAX_TAG_CHARS = 200
 MAX_TAGS = 100
@@ -220,4 +220,13 @@ def _rfc3339_only(value: Any) -> Any:
 
 UtcTimestamp = Annotated[
     datetime | None, BeforeValidator(_rfc3339_only), AfterValidator(_as_utc)
+]
+
+
+# What a session PATCH changes that a turn runs with (app/sessions/actions.py).
+ActionType = Literal[
+    "model_changed",
+    "approval_mode_changed",
+    "system_prompt_changed",
+    "tools_changed",
 ]

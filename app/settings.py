@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.backend import Backend
+
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/evermirror.db"
 
 
@@ -39,7 +41,7 @@ class Settings(BaseSettings):
     metrics_enabled: bool = True
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     # `json`: one JSON object a line; `text`: for people. Unset: text when stderr is a
-    # terminal, JSON otherwise (app/ops/logs.py).
+    # terminal, JSON otherwise (app/telemetry/logs.py).
     log_format: Literal["json", "text"] | None = None
 
     # PostgreSQL pool; SQLite ignores these. No overflow by default: an overflow
@@ -125,6 +127,9 @@ class Settings(BaseSettings):
     # Turn runner.
     model_driver: Literal["scripted", "openai"] = "scripted"
     scripted_delay_ms: int = 20
+    # The demo tool `lookup` (app/runner/builtin_tools.py), which the scripted
+    # scenarios call: offered to models of the scripted driver only, unless set.
+    demo_tools: bool | None = None
     # MODEL_DRIVER=openai: any server speaking OpenAI's Chat Completions (OpenAI, vLLM,
     # Ollama, llama.cpp server, LM Studio, OpenRouter). Required then: OPENAI_BASE_URL
     # and OPENAI_MODEL; the key may be empty for local servers that want none.
@@ -147,6 +152,9 @@ class Settings(BaseSettings):
     # runner must have gone without renewing its lease before another node takes the
     # turn over. The lease is renewed every fifth of it (at least once a second).
     runner_sweep_seconds: float = 5.0
+    # The turns' units of work (reads, checkpoints) running at once in a process; the
+    # rest of the pool stays for requests (app/db/admission.py).
+    runner_db_slots: int = Field(default=2, ge=1, le=64)
     # How long a runner keeps trying to regain a lost lease, or to write a checkpoint
     # while the database is unavailable, before it gives the turn up.
     runner_outage_seconds: float = 60.0
@@ -206,12 +214,15 @@ class Settings(BaseSettings):
         return self.expected_instances or 1
 
     @property
-    def is_sqlite(self) -> bool:
-        return self.database_url.startswith("sqlite")
+    def backend(self) -> Backend:
+        """The deployment mode (app/backend.py), decided from `database_url`."""
+        return Backend.of(self.database_url)
 
     @property
     def should_auto_migrate(self) -> bool:
-        return self.is_sqlite if self.auto_migrate is None else self.auto_migrate
+        if self.auto_migrate is None:
+            return self.backend is Backend.SQLITE
+        return self.auto_migrate
 
     @property
     def runner_renew_seconds(self) -> float:

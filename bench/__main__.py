@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from bench.plan import run_rows
 from bench.report import header, machine, table
 from bench.rows import (
     ROWS,
@@ -26,7 +27,6 @@ from bench.rows import (
     Profile,
     cleanup_dir,
     failed,
-    run_rows,
     sqlite_url,
 )
 from bench.servers import (
@@ -97,6 +97,10 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--deltas", type=int, help="deltas in the fan-out turn (500)")
     parser.add_argument(
         "--idle-streams", type=int, help="idle streams for idle-rss (1000)"
+    )
+    parser.add_argument(
+        "--conversations",
+        help="comma-separated N of concurrent conversations for turns (50,100,200)",
     )
     parser.add_argument(
         "--smoke",
@@ -177,6 +181,9 @@ async def run(args: argparse.Namespace) -> int:
         subscribers=args.subscribers,
         deltas=args.deltas,
         idle_streams=args.idle_streams,
+        conversations=tuple(int(n) for n in args.conversations.split(","))
+        if args.conversations
+        else None,
     )
     pinning = detect_pinning(args.no_pin)
     pin_self(pinning)

@@ -182,6 +182,11 @@ class FanoutResult:
     p99_ms: float
     deltas_per_s: float
     seconds: float
+    # The turn's first deltas (bench.sse_worker.EARLY): what its start costs.
+    early_p50_ms: float = math.nan
+    early_max_ms: float = math.nan
+    # The turn's deltas per second over the pace its model set (1.0: kept up).
+    pace: float = math.nan
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -224,19 +229,26 @@ class Subscribers:
         cls,
         *,
         url: str,
-        path: str,
+        path: str = "",
         headers: dict[str, str],
-        total: int,
+        total: int = 0,
         expected: int,
         pin: list[str],
         log_dir: Path,
         run_timeout: float,
+        paths: list[str] | None = None,
+        stamps: bool = False,
     ) -> "Subscribers":
+        """`total` subscribers of `path`, or one of each of `paths`; with `stamps` they
+        count the provider's send times in the text (see `bench.sse_worker`)."""
         host, _, port = url.removeprefix("http://").partition(":")
+        if paths is not None:
+            total = len(paths)
         processes = 2 if total >= 500 else 1
         workers: list[WorkerHandle] = []
         for index in range(processes):
             count = total // processes + (1 if index < total % processes else 0)
+            first = index * (total // processes) + min(index, total % processes)
             result_path = Path(
                 tempfile.mkstemp(prefix="sse-", suffix=".json", dir=log_dir)[1]
             )
@@ -244,9 +256,11 @@ class Subscribers:
                 "host": host,
                 "port": int(port),
                 "path": path,
+                "paths": paths[first : first + count] if paths is not None else None,
                 "headers": [f"{k}: {v}" for k, v in headers.items()],
                 "count": count,
                 "expected": expected,
+                "stamps": stamps,
                 "connect_timeout": 30 + count / 20,
                 "run_timeout": run_timeout,
                 "result_path": str(result_path),
@@ -333,6 +347,7 @@ class Subscribers:
         merged: dict[str, Any] = {
             "received": [],
             "latencies_ms": [],
+            "early_ms": [],
             "first_sent": None,
             "last_received": None,
             "connected": 0,
@@ -341,6 +356,7 @@ class Subscribers:
             result = orjson.loads(worker.result_path.read_bytes())
             merged["received"] += result["received"]
             merged["latencies_ms"] += result["latencies_ms"]
+            merged["early_ms"] += result.get("early_ms", [])
             merged["connected"] += result["connected"]
             for key, pick in (("first_sent", min), ("last_received", max)):
                 if result[key] is not None:
@@ -360,8 +376,11 @@ class Subscribers:
                 worker.result_path.unlink()
 
 
-def fanout_result(merged: dict[str, Any], total: int, expected: int) -> FanoutResult:
+def fanout_result(
+    merged: dict[str, Any], total: int, expected: int, pace: float
+) -> FanoutResult:
     latencies: list[float] = merged["latencies_ms"]
+    early: list[float] = merged["early_ms"]
     received = sum(merged["received"])
     first, last = merged["first_sent"], merged["last_received"]
     seconds = (last - first) if first is not None and last is not None else math.nan
@@ -376,6 +395,9 @@ def fanout_result(merged: dict[str, Any], total: int, expected: int) -> FanoutRe
         p99_ms=percentile(latencies, 99),
         deltas_per_s=received / seconds if seconds and seconds > 0 else math.nan,
         seconds=seconds,
+        early_p50_ms=statistics.median(early) if early else math.nan,
+        early_max_ms=max(early) if early else math.nan,
+        pace=pace,
     )
 
 
@@ -462,6 +484,14 @@ class Probe:
 
     def delta_count(self) -> int:
         return sum(len(v) for v in self.deltas.values())
+
+    def pace(self, interval: float) -> float:
+        """The turn's deltas per second (from their `ts`, stamped as the runner
+        published them) over the 1 / `interval` its model streamed at."""
+        stamps = sorted(ts for pairs in self.deltas.values() for _, ts in pairs)
+        if len(stamps) < 2 or stamps[-1] <= stamps[0]:
+            return math.nan
+        return (len(stamps) - 1) / (stamps[-1] - stamps[0]) * interval
 
     def write_map(self, directory: Path) -> Path:
         path = Path(tempfile.mkstemp(prefix="tsmap-", suffix=".json", dir=directory)[1])

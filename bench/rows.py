@@ -53,6 +53,7 @@ ROWS = (
     "fanout-sse",
     "idle-rss",
     "workers",
+    "turns",
 )
 POSTGRES_ONLY = frozenset({"older", "workers"})
 SSE_TYPES = "types=output.message.delta&types=turn.completed"
@@ -77,6 +78,8 @@ class Profile:
     subscribers: int
     deltas: int
     idle_streams: int
+    # The turns row's N: concurrent conversations.
+    conversations: tuple[int, ...]
 
     @classmethod
     def create(
@@ -88,12 +91,26 @@ class Profile:
         subscribers: int | None,
         deltas: int | None,
         idle_streams: int | None,
+        conversations: tuple[int, ...] | None = None,
     ) -> "Profile":
         if smoke:
-            base = cls(True, 1, 1.0, 0.0, 0.5, 2.0, 60, 500, 32, 64, 50, 30, 50)
+            base = cls(True, 1, 1.0, 0.0, 0.5, 2.0, 60, 500, 32, 64, 50, 30, 50, (5,))
         else:
             base = cls(
-                False, 3, 10.0, 2.0, 2.0, 5.0, 1000, 500, 32, 64, 1000, 500, 1000
+                False,
+                3,
+                10.0,
+                2.0,
+                2.0,
+                5.0,
+                1000,
+                500,
+                32,
+                64,
+                1000,
+                500,
+                1000,
+                (50, 100, 200),
             )
         return cls(
             smoke=base.smoke,
@@ -109,6 +126,7 @@ class Profile:
             subscribers=subscribers or base.subscribers,
             deltas=deltas or base.deltas,
             idle_streams=idle_streams or base.idle_streams,
+            conversations=conversations or base.conversations,
         )
 
 
@@ -675,8 +693,9 @@ def stream_path(session: str, stream: str) -> str:
 
 
 async def fanout_service(db: Database, server: Proc, stream: str) -> FanoutResult:
-    """One turn of `deltas` deltas at 50/s to `subscribers` subscribers of one session.
-    A warm-up turn first proves every subscriber is attached (its first frame)."""
+    """One turn of `deltas` deltas at 50/s to `subscribers` subscribers of a new
+    session, counted from its first delta: the first turn after the streams opened,
+    as a user sees it (no warm-up turn to pay for the start)."""
     profile = db.profile
     api = db.api(server)
     probe: Probe | None = None
@@ -697,23 +716,15 @@ async def fanout_service(db: Database, server: Proc, stream: str) -> FanoutResul
             run_timeout=turn_seconds * 4 + 180,
         )
         await subs.connect(60 + profile.subscribers / 20)
-        await api.post_message(session, "warm")
-        ready = await subs.wait("ready", 30)
-        if not await probe.wait_completed(1, 30):
-            raise BenchError("the warm-up turn did not complete")
-        await api.wait_idle(session, 30)
         await asyncio.sleep(profile.settle / 2)
         await api.post_message(session, f"/scenario long {profile.deltas}")
-        if not await probe.wait_completed(2, turn_seconds * 3 + 30):
+        if not await probe.wait_completed(1, turn_seconds * 3 + 30):
             raise BenchError("the measured turn did not complete in time")
         await subs.wait("complete", profile.grace)
         ts_map = probe.write_map(db.tmp) if stream == "mutation" else None
         merged = await subs.finish(ts_map)
-        result = fanout_result(merged, profile.subscribers, profile.deltas)
-        if not ready:
-            db.notes.append(
-                f"fanout-{stream}: not every subscriber saw the warm-up frame"
-            )
+        pace = probe.pace(DELTA_INTERVAL_MS / 1000)
+        result = fanout_result(merged, profile.subscribers, profile.deltas, pace)
         if probe.delta_count() != profile.deltas:
             db.notes.append(
                 f"fanout-{stream}: the probe saw {probe.delta_count()} of {profile.deltas} deltas"
@@ -742,19 +753,19 @@ async def fanout_baseline(db: Database, proc: Proc, shape: str) -> FanoutResult:
     )
     try:
         await subs.connect(60 + profile.subscribers / 20)
+        await asyncio.sleep(profile.settle / 2)
         async with httpx.AsyncClient(
             base_url=proc.url, timeout=turn_seconds * 3 + 30
         ) as client:
-            await client.post(f"/publish?n=1&interval_ms=0&shape={shape}&text=warm")
-            await subs.wait("ready", 30)
-            await asyncio.sleep(profile.settle / 2)
             published = await client.post(
                 f"/publish?n={profile.deltas}&interval_ms={DELTA_INTERVAL_MS}&shape={shape}"
             )
             published.raise_for_status()
+        seconds = float(published.json()["seconds"])
+        pace = turn_seconds / seconds if seconds > 0 else math.nan
         await subs.wait("complete", profile.grace)
         merged = await subs.finish()
-        return fanout_result(merged, profile.subscribers, profile.deltas)
+        return fanout_result(merged, profile.subscribers, profile.deltas, pace)
     finally:
         await subs.close()
 
@@ -798,6 +809,34 @@ def fanout_lines(row: str, results: dict[str, list[FanoutResult]]) -> list[Line]
             med("raw", "p50_ms"),
             ratio(med("service", "p50_ms"), med("raw", "p50_ms")),
             unit="ms",
+        ),
+        Line(
+            row,
+            "first 50 deltas: p50 ms vs hand-written (≤ 50 ms)",
+            med("service", "early_p50_ms"),
+            med("raw", "early_p50_ms"),
+            ratio(med("service", "early_p50_ms"), med("raw", "early_p50_ms")),
+            "≤ 50 ms",
+            med("service", "early_p50_ms") <= 50,
+            "ms",
+        ),
+        Line(
+            row,
+            "first 50 deltas: max ms vs hand-written",
+            med("service", "early_max_ms"),
+            med("raw", "early_max_ms"),
+            ratio(med("service", "early_max_ms"), med("raw", "early_max_ms")),
+            unit="ms",
+        ),
+        Line(
+            row,
+            "turn pace: share of the model's vs hand-written (≥ 0.95)",
+            med("service", "pace"),
+            med("raw", "pace"),
+            ratio(med("service", "pace"), med("raw", "pace")),
+            "≥ 0.95",
+            med("service", "pace") >= 0.95,
+            "share",
         ),
         Line(
             row,
@@ -1042,81 +1081,6 @@ async def guarded(
         # A row fails alone; its line says why and the other rows still run.
         lines.append(failed(row, exc))
     db.timings[row] = round(time.monotonic() - started, 1)
-
-
-async def run_rows(db: Database, selected: list[str]) -> list[Line]:
-    lines: list[Line] = []
-    for row in selected:
-        if row in POSTGRES_ONLY and not db.is_postgres:
-            lines.append(Line(row, "", note="n/a (PostgreSQL row)"))
-    fast_rows: list[str] = [
-        r for r in ("page", "etag", "older", "writes") if r in selected
-    ]
-    stream_rows = [r for r in ("fanout-mutation", "fanout-sse") if r in selected]
-    if not db.is_postgres:
-        fast_rows = [r for r in fast_rows if r not in POSTGRES_ONLY]
-    workers = "workers" in selected and db.is_postgres
-    # The workers row pages the same seeded session: seed it here, where the model
-    # streams without pauses.
-    seeding = workers and not fast_rows
-
-    if fast_rows or seeding:
-        try:
-            server = await db.service(
-                "service", db.pinning.server, SCRIPTED_DELAY_MS="0"
-            )
-            if seeding:
-                await seed(db, server)
-        except Exception as exc:
-            lines.extend(failed(row, exc) for row in fast_rows or ["workers"])
-            workers = False
-        else:
-            handlers: dict[str, Callable[[], Awaitable[list[Line]]]] = {
-                "page": lambda: row_page(db, server),
-                "etag": lambda: row_etag(db, server),
-                "older": lambda: row_older(db, server),
-                "writes": lambda: row_writes(db, server),
-            }
-            for row in fast_rows:
-                await guarded(db, row, lines, handlers[row])
-        await db.stop_all()
-
-    if stream_rows:
-        try:
-            server, raw, lib = await asyncio.gather(
-                db.service(
-                    "service-stream",
-                    db.pinning.server,
-                    SCRIPTED_DELAY_MS=str(DELTA_INTERVAL_MS),
-                ),
-                db.baseline("fanout-raw", "fanout_raw"),
-                db.baseline("fanout-sse-starlette", "fanout_sse_starlette"),
-            )
-            baselines = {"raw": raw, "sse-starlette": lib}
-        except Exception as exc:
-            lines.extend(failed(row, exc) for row in stream_rows)
-        else:
-            stream_handlers: dict[str, Callable[[], Awaitable[list[Line]]]] = {
-                "fanout-mutation": lambda: row_fanout(
-                    db, server, "mutation", baselines
-                ),
-                "fanout-sse": lambda: row_fanout(db, server, "sse", baselines),
-            }
-            for row in stream_rows:
-                await guarded(db, row, lines, stream_handlers[row])
-        await db.stop_all()
-
-    if "idle-rss" in selected:
-        await guarded(db, "idle-rss", lines, lambda: row_idle_rss(db))
-
-    if workers:
-        await guarded(db, "workers", lines, lambda: row_workers(db))
-        await db.stop_all()
-    for line in lines:
-        line.check()
-    order = {name: index for index, name in enumerate(ROWS)}
-    lines.sort(key=lambda line: order.get(line.row, len(order)))
-    return lines
 
 
 def sqlite_url(path: Path) -> str:

@@ -121,10 +121,11 @@ def ensure_wrk() -> str:
 
 
 def free_port() -> int:
-    """A bindable port picked at random from a wide range: the kernel's sequential
-    ephemeral ports collide with other runs on the same machine."""
+    """A bindable port picked at random below the kernel's ephemeral range (32768 up
+    here), where no outgoing connection can take it before the server binds it; at
+    random, because the kernel's sequential assignment collides with other runs."""
     for _ in range(200):
-        port = random.randint(20_000, 60_000)
+        port = random.randint(20_000, 32_000)
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))

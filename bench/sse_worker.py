@@ -6,6 +6,10 @@ instead of streams, HTTP/1.1 de-chunking and SSE framing by byte search, and at 
 it only stamps the time and pulls four fields out of each counted frame with `find`
 (order-independent, no JSON parse). Latencies are computed after the run.
 
+With `stamps`, each subscriber has its own path (`paths`) and counts instead the send
+times the model provider wrote into the text (`@<unix seconds>; `, see
+`bench.baselines.provider`): each stamp's first arrival in any frame.
+
 Protocol with the parent, one JSON object per line: the worker prints `connected`
 (every connection answered or failed), `ready` (every connected subscriber received its
 first frame), `complete` (every subscriber counted `expected` deltas), and `done` (after
@@ -15,6 +19,7 @@ the parent's `{"cmd": "finish"}` on stdin, or its own deadline) with the results
 import asyncio
 import bisect
 import contextlib
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -28,7 +33,11 @@ DELTA_EVENTS = (b"event: delta\n", b"event: output.message.delta\n")
 # Only deltas of the measured turn are counted: its chunks are `chunk<i> `.
 MARKER = b"chunk"
 
-Record = tuple[float, bytes, int, int, bytes | None, bytes | None]
+Record = tuple[float, bytes, int, int, bytes | None, bytes | None, int]
+# The deltas whose latency is also reported on its own: a turn's first ones, which
+# wait behind whatever the start of the turn costs.
+EARLY = 50
+STAMP = re.compile(rb"@(\d+\.\d+); ")
 
 
 def _field(frame: bytes, name: bytes) -> bytes | None:
@@ -94,6 +103,8 @@ class Subscriber(asyncio.Protocol):
         self.ready = False
         self.counted = 0
         self.records: list[Record] = []
+        # stamps mode: each stamp's first arrival.
+        self.stamps: dict[bytes, float] = {}
         self.answered = asyncio.get_running_loop().create_future()
         self.closed = False
 
@@ -144,19 +155,34 @@ class Subscriber(asyncio.Protocol):
                     continue
                 self.ready = True
                 self.worker.on_ready()
-            if MARKER in frame and (
+            if self.worker.stamps:
+                self.count_stamps(frame, now)
+            elif MARKER in frame and (
                 DELTA_EVENTS[0] in frame or DELTA_EVENTS[1] in frame
             ):
+                piece = _field(frame, b'"text":"')
+                delta = _field(frame, b'"delta":"')
                 self.records.append(
                     (
                         now,
                         _field(frame, b'"message_id":"') or b"",
                         _int_field(frame, b'"offset":'),
-                        len(_field(frame, b'"text":"') or b""),
+                        len(piece or b""),
                         _field(frame, b'"ts":"'),
-                        _field(frame, b'"delta":"'),
+                        delta,
+                        # The delta's index in its turn: `chunk<i> `.
+                        _int_field(delta or piece or b"", MARKER),
                     )
                 )
+                self.counted += 1
+                if self.counted == self.worker.expected:
+                    self.worker.on_complete()
+
+    def count_stamps(self, frame: bytes, now: float) -> None:
+        stamps = self.stamps
+        for stamp in STAMP.findall(frame):
+            if stamp not in stamps:
+                stamps[stamp] = now
                 self.counted += 1
                 if self.counted == self.worker.expected:
                     self.worker.on_complete()
@@ -170,10 +196,10 @@ class Subscriber(asyncio.Protocol):
 class Worker:
     host: str
     port: int
-    path: str
+    paths: list[str]
     headers: list[str]
-    count: int
     expected: int
+    stamps: bool
     connect_timeout: float
     run_timeout: float
     subscribers: list[Subscriber] = field(default_factory=list)
@@ -210,9 +236,9 @@ class Worker:
             self.announced_complete = True
             self.emit("complete", complete=self.complete_count)
 
-    def request(self) -> bytes:
+    def request(self, path: str) -> bytes:
         lines = [
-            f"GET {self.path} HTTP/1.1",
+            f"GET {path} HTTP/1.1",
             f"Host: {self.host}:{self.port}",
             "Accept: text/event-stream",
             "Cache-Control: no-cache",
@@ -222,14 +248,13 @@ class Worker:
 
     async def connect(self) -> None:
         loop = asyncio.get_running_loop()
-        request = self.request()
         deadline = time.monotonic() + self.connect_timeout
         statuses: dict[str, int] = {}
         failed = 0
 
-        async def one() -> None:
+        async def one(path: str) -> None:
             nonlocal failed
-            sub = Subscriber(self, request)
+            sub = Subscriber(self, self.request(path))
             self.subscribers.append(sub)
             try:
                 remaining = max(0.1, deadline - time.monotonic())
@@ -250,13 +275,11 @@ class Worker:
 
         # Opened in batches so the server's accept queue never overflows.
         batch = 50
-        for start in range(0, self.count, batch):
+        for start in range(0, len(self.paths), batch):
             if time.monotonic() > deadline:
-                failed += self.count - start
+                failed += len(self.paths) - start
                 break
-            await asyncio.gather(
-                *(one() for _ in range(min(batch, self.count - start)))
-            )
+            await asyncio.gather(*(one(p) for p in self.paths[start : start + batch]))
         self.connecting = False
         self.emit("connected", ok=self.connected_ok, failed=failed, statuses=statuses)
         # Subscribers whose first frame arrived while others were still connecting.
@@ -308,6 +331,7 @@ def summarize(
             [t for _, t in ordered],
         )
     latencies: list[float] = []
+    early: list[float] = []
     received: list[int] = []
     first_sent = float("inf")
     last_received = 0.0
@@ -315,7 +339,7 @@ def summarize(
         if sub.status != 200:
             continue
         seen: set[tuple[bytes, object]] = set()
-        for now, message_id, offset, length, ts, delta in sub.records:
+        for now, message_id, offset, length, ts, delta, chunk in sub.records:
             if ts is not None:
                 key: tuple[bytes, object] = (
                     message_id,
@@ -326,6 +350,8 @@ def summarize(
                 seen.add(key)
                 sent = parse_ts(ts)
                 latencies.append(now - sent)
+                if 0 <= chunk < EARLY:
+                    early.append(now - sent)
                 first_sent = min(first_sent, sent)
                 last_received = max(last_received, now)
                 continue
@@ -341,25 +367,47 @@ def summarize(
                     continue
                 seen.add(key)
                 latencies.append(now - ts_list[index])
+                if index < EARLY:
+                    early.append(now - ts_list[index])
                 first_sent = min(first_sent, ts_list[index])
                 last_received = max(last_received, now)
         received.append(len(seen))
     return {
         "received": received,
         "latencies_ms": [round(value * 1000, 3) for value in latencies],
+        "early_ms": [round(value * 1000, 3) for value in early],
         "first_sent": first_sent if latencies else None,
         "last_received": last_received if latencies else None,
     }
 
 
+def stamp_summary(subscribers: list[Subscriber]) -> dict[str, Any]:
+    """Per (subscriber, stamp): its first arrival minus the send time it carries."""
+    latencies: list[float] = []
+    received: list[int] = []
+    for sub in subscribers:
+        if sub.status != 200:
+            continue
+        received.append(len(sub.stamps))
+        latencies += [now - float(stamp) for stamp, now in sub.stamps.items()]
+    return {
+        "received": received,
+        "latencies_ms": [round(value * 1000, 3) for value in latencies],
+        "early_ms": [],
+        "first_sent": None,
+        "last_received": None,
+    }
+
+
 async def main(config: dict[str, Any]) -> None:
+    paths = config.get("paths") or [config["path"]] * int(config["count"])
     worker = Worker(
         host=config["host"],
         port=int(config["port"]),
-        path=config["path"],
+        paths=list(paths),
         headers=list(config.get("headers", [])),
-        count=int(config["count"]),
         expected=int(config.get("expected", 0)),
+        stamps=bool(config.get("stamps")),
         connect_timeout=float(config.get("connect_timeout", 60)),
         run_timeout=float(config.get("run_timeout", 300)),
     )
@@ -371,7 +419,11 @@ async def main(config: dict[str, Any]) -> None:
     if command.get("ts_map"):
         with open(command["ts_map"], "rb") as handle:  # noqa: ASYNC230  # after the run: blocking is harmless
             ts_map = orjson.loads(handle.read())
-    result = summarize(worker.subscribers, ts_map)
+    result = (
+        stamp_summary(worker.subscribers)
+        if worker.stamps
+        else summarize(worker.subscribers, ts_map)
+    )
     result["connected"] = worker.connected_ok
     result["ready"] = worker.ready_count
     result["timed_out"] = bool(command.get("timed_out"))

@@ -362,7 +362,7 @@ async def raw_stream(
 @dataclass
 class MutationView:
     """What a Mutation-stream client holds: the newest snapshot of every message it was
-    sent, merged by id + revision (README "Consuming the streams")."""
+    sent, merged by id + revision (docs/streams.md)."""
 
     messages: dict[str, dict[str, Any]] = field(default_factory=dict)
     cursor: str | None = None

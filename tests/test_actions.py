@@ -3,7 +3,6 @@ model, approval mode, system prompt or tools is an `action` part. While the turn
 a streaming agent message the part joins it (same message, revision + 1); otherwise
 it is a standalone agent message. The change applies from the turn's next step."""
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -13,20 +12,13 @@ import pytest
 from app.catalog.registry import derived_id
 from app.live.items import Wakeup
 from app.settings import Settings
-from tests.conftest import Running, start_server
-from tests.helpers import (
-    assert_problem,
-    list_events,
-    list_messages,
-    post_message,
-    server_process,
-    table_rows,
-    text_of,
-    uuid_of,
-    wait_idle,
-    wait_until,
-)
-from tests.sse_client import Frame, open_stream
+from tests.support.api import list_events, list_messages, post_message, text_of, uuid_of
+from tests.support.database import table_rows
+from tests.support.in_process import Running
+from tests.support.problems import assert_problem
+from tests.support.servers import server_process, start_server
+from tests.support.sse import Frame, is_delta, open_stream
+from tests.support.waits import wait_idle, wait_until
 from tests.test_approvals import ASK, GUARDED, decide, first_pending, guarded_session
 from tests.test_catalog import LARGE, openai_entry_server
 
@@ -59,6 +51,12 @@ async def started_reply(
 
     await wait_until(streaming, "the agent message to stream", interval=interval)
     return seen[1]
+
+
+async def streams_text(client: httpx.AsyncClient, session_id: str) -> None:
+    """Until the running step has streamed text: a live delta on `/sse`."""
+    async with open_stream(client, f"/v1/sessions/{session_id}/sse") as stream:
+        await stream.until(is_delta, 10)
 
 
 async def test_a_change_while_idle_is_a_standalone_action_message(
@@ -213,7 +211,7 @@ async def test_a_change_mid_step_keeps_the_step_whole(
         async with httpx.AsyncClient(base_url=server.url, timeout=10) as api:
             session_id = (await api.post("/v1/sessions", json={})).json()["id"]
             reply = await started_reply(api, session_id, "/scenario long 120")
-            await asyncio.sleep(0.3)
+            await streams_text(api, session_id)
             await patch(api, session_id, approval_mode="always-allow")
             joined = (await list_messages(api, session_id))["data"][1]
             assert joined["state"] == "streaming"
@@ -291,13 +289,14 @@ async def test_a_model_and_prompt_change_apply_from_the_next_step(
             assert types[-1] == "session.idled"
 
 
+@pytest.mark.postgres_only
 async def test_a_change_on_another_process_joins_the_step_it_streams(
-    pg_settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path
 ) -> None:
     """The step streams on process A; the PATCH is B's. A hears of the Action over
     the bus (or finds the revision moved when it commits) and the step commits
     after it, whole."""
-    url = pg_settings.database_url
+    url = settings.database_url
     async with (
         server_process(url, tmp_path, kill=True, SCRIPTED_DELAY_MS="10") as a,
         server_process(url, tmp_path, kill=True) as b,
@@ -306,7 +305,7 @@ async def test_a_change_on_another_process_joins_the_step_it_streams(
     ):
         session_id = (await client_a.post("/v1/sessions", json={})).json()["id"]
         await started_reply(client_a, session_id, "/scenario long 120")
-        await asyncio.sleep(0.3)
+        await streams_text(client_a, session_id)
         await patch(client_b, session_id, tools=[GUARDED])
         await wait_idle(client_a, session_id)
         for api in (client_a, client_b):

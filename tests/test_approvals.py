@@ -8,21 +8,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from app.settings import Settings
-from tests.conftest import Running
-from tests.helpers import (
-    assert_problem,
+from tests.support.api import (
     get_session,
     list_events,
     list_messages,
     post_message,
-    server_process,
-    table_rows,
     text_of,
-    wait_idle,
-    wait_until,
 )
+from tests.support.database import table_rows
+from tests.support.in_process import Running
+from tests.support.problems import assert_problem
+from tests.support.servers import server_process
+from tests.support.waits import wait_idle, wait_until
 
 GUARDED = {
     "type": "builtin",
@@ -160,7 +160,8 @@ async def test_a_denied_tool_fails_with_the_reason_the_model_sees(
         "The lookup tool failed: The user denied this tool call: not now"
     )
     types = [e["type"] for e in await list_events(client, session_id)]
-    assert "tool.started" not in types and types.count("tool.completed") == 1
+    assert "tool.started" not in types
+    assert types.count("tool.completed") == 1
 
 
 async def test_always_allow_runs_without_asking(client: httpx.AsyncClient) -> None:
@@ -213,7 +214,7 @@ async def test_recovery_cancels_a_pending_interaction_as_interrupted(
         await post_message(api, session_id, ASK)
         await first_pending(api, session_id)
     async with (
-        server_process(url, tmp_path, **env) as second,
+        server_process(url, tmp_path, kill=False, **env) as second,
         httpx.AsyncClient(base_url=second.url, timeout=10) as api,
     ):
         await wait_idle(api, session_id)
@@ -227,10 +228,11 @@ async def test_recovery_cancels_a_pending_interaction_as_interrupted(
         assert [p["status"] for p in parts(final, "tool_call")] == ["failed"]
 
 
+@pytest.mark.postgres_only
 async def test_a_decision_posted_to_another_process_reaches_the_runner(
-    pg_settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path
 ) -> None:
-    url = pg_settings.database_url
+    url = settings.database_url
     async with (
         server_process(url, tmp_path, kill=True) as a,
         server_process(url, tmp_path, kill=True) as b,

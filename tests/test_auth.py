@@ -20,23 +20,17 @@ import httpx
 import pytest
 from sqlalchemy import func, select, text
 
-import tests.conftest as harness
 from app.db import models
 from app.settings import Settings
-from tests.conftest import running_app
-from tests.helpers import (
-    KEY_PATTERN,
-    Rows,
-    assert_problem,
-    auth,
-    create_cli_key,
-    post_message,
-    run_cli,
-    table_rows,
-    wait_idle,
-    wait_until,
-)
-from tests.sse_client import expect_connected, open_stream
+from tests.support.api import auth, post_message
+from tests.support.cli import KEY_PATTERN, create_cli_key, run_cli
+from tests.support.database import Rows, table_rows
+from tests.support.in_process import running_app
+from tests.support.lanes import ROOT, make_settings
+from tests.support.problems import assert_problem
+from tests.support.servers import free_port
+from tests.support.sse import expect_connected, open_stream
+from tests.support.waits import wait_idle, wait_until
 
 ORG_A = "org_" + "a1" * 16
 ORG_B = "org_" + "b2" * 16
@@ -90,7 +84,7 @@ class Service:
 
 @pytest.fixture
 async def service(settings: Settings) -> AsyncIterator[Service]:
-    fresh = harness.test_settings(settings.database_url, auth_cache_seconds=0.0)
+    fresh = make_settings(settings.database_url, auth_cache_seconds=0.0)
     async with running_app(fresh) as running:
         yield Service(running.app, running.client, settings.database_url)
 
@@ -144,7 +138,8 @@ async def test_keys_create_prints_the_key_once_and_stores_only_its_hash(
     assert row.organization_id == uuid.UUID(hex=ORG_A.removeprefix("org_"))
     assert row.name == "ci"
     assert row.revoked_at is None
-    assert key.startswith(row.prefix) and len(row.prefix) < len(key) // 4
+    assert key.startswith(row.prefix)
+    assert len(row.prefix) < len(key) // 4
 
 
 async def test_keys_create_rejects_a_malformed_org(service: Service) -> None:
@@ -297,7 +292,8 @@ async def test_a_key_never_sees_another_organizations_sessions(
     searched = (
         await service.request("GET", "/v1/sessions", key_a, params={"search": "b"})
     ).json()
-    assert searched["data"] == [] and searched["total"] == 0
+    assert searched["data"] == []
+    assert searched["total"] == 0
 
     unknown = "session_" + uuid.uuid4().hex
     before = await service.rows()
@@ -408,7 +404,7 @@ async def test_revocation_takes_effect_within_the_cache_window(
     settings: Settings,
 ) -> None:
     ttl = 0.5
-    cached = harness.test_settings(settings.database_url, auth_cache_seconds=ttl)
+    cached = make_settings(settings.database_url, auth_cache_seconds=ttl)
     async with running_app(cached) as running:
         doomed = await create_cli_key(settings.database_url, ORG_A)
         await create_cli_key(settings.database_url, ORG_A)
@@ -448,7 +444,7 @@ async def serving(
     database_url: str, tmp_path: Path, *args: str
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start `serve` with `args`; return it once /health answers on loopback."""
-    port = harness.free_port()
+    port = free_port()
     log = tmp_path / f"serve-{port}.log"
     process = spawn(serve_command(port, *args), database_url, log)
     url = f"http://127.0.0.1:{port}"
@@ -472,7 +468,7 @@ def spawn(command: list[str], database_url: str, log: Path) -> subprocess.Popen[
     with log.open("wb") as sink:
         return subprocess.Popen(
             command,
-            cwd=harness.ROOT,
+            cwd=ROOT,
             env=serve_environment(database_url),
             stdout=sink,
             stderr=subprocess.STDOUT,
@@ -490,11 +486,11 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 async def test_serve_refuses_a_public_address_without_keys(settings: Settings) -> None:
-    port = harness.free_port()
+    port = free_port()
     result = await asyncio.to_thread(
         subprocess.run,
         serve_command(port, "--host", "0.0.0.0"),
-        cwd=harness.ROOT,
+        cwd=ROOT,
         env=serve_environment(settings.database_url),
         capture_output=True,
         text=True,

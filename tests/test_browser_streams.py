@@ -15,24 +15,22 @@ from hypothesis import given, strategies as st
 
 from app import wire
 from app.live.bus import MAX_NOTIFY_BYTES, decode, split_payload
-from app.live.fanout import DeltaOut, PartOut
 from app.live.items import PartStarted, TextDelta
+from app.live.outputs import DeltaOut, PartOut
 from app.live.streams import StreamConfig, message_mutations
-from tests.conftest import Running
-from tests.helpers import (
+from tests.support.api import (
     ASTRAL_TEXT,
-    api_fixture,
     create_session,
     list_messages,
-    live_server_fixture,
     post_message,
-    text_delta,
     text_of,
     utf16_units,
     uuid_of,
-    wait_idle,
 )
-from tests.sse_client import (
+from tests.support.in_process import Running
+from tests.support.live import text_delta
+from tests.support.servers import api_fixture, live_server_fixture
+from tests.support.sse import (
     Frame,
     agent_done,
     events,
@@ -41,6 +39,7 @@ from tests.sse_client import (
     open_stream,
     session_streams,
 )
+from tests.support.waits import wait_idle
 
 # A word every 20 ms, so a client can join while the text streams.
 live_server = live_server_fixture("browser-streams", SCRIPTED_DELAY_MS="20")
@@ -49,7 +48,7 @@ api = api_fixture()
 
 class BrowserText:
     """A live part's text as a browser holds it: a sequence of UTF-16 code units. A
-    delta applies only where the text ends (`offset == text.length`), as the README's
+    delta applies only where the text ends (`offset == text.length`), as docs/streams.md's
     client does; anything else is counted as dropped."""
 
     def __init__(self, text: str = "") -> None:
@@ -135,7 +134,8 @@ async def test_a_late_joiner_continues_astral_text_at_its_utf16_length(
     first = frames[0]
     assert first.event == "part", [f.event for f in frames]
     so_far = first.json()["part"]["text"]
-    assert so_far and long_text.startswith(so_far)
+    assert so_far
+    assert long_text.startswith(so_far)
     browser = BrowserText(so_far)
     deltas = [f.json() for f in frames if f.event == "delta"]
     assert deltas, "joined after the text ended: nothing to continue"

@@ -16,8 +16,10 @@ from app.db.session import Database
 from app.live.bus import PgBus, _asyncpg_dsn
 from app.live.items import BusItem, Resync, TextDelta, Wakeup
 from app.settings import Settings
-from tests.conftest import Running
-from tests.helpers import new_session_row
+from tests.support.database import new_session_row
+from tests.support.in_process import Running
+
+pytestmark = pytest.mark.postgres_only
 
 
 class Process:
@@ -37,8 +39,6 @@ class Process:
 
 @pytest.fixture
 async def processes(running: Running, settings: Settings) -> AsyncIterator[Any]:
-    if not settings.database_url.startswith("postgresql"):
-        pytest.skip("needs PostgreSQL (set TEST_DATABASE_URL)")
     first, second = Process(settings), Process(settings)
     await first.bus.start()
     await second.bus.start()
@@ -59,14 +59,21 @@ async def heard_by(process: Process, kind: type, count: int) -> list[Any]:
     return process.of(kind)
 
 
-def delta(session_id: uuid.UUID, text: str) -> TextDelta:
+def delta(
+    session_id: uuid.UUID,
+    text: str,
+    *,
+    message_id: uuid.UUID | None = None,
+    part_id: str = "agent-text:1",
+    offset: int = 0,
+) -> TextDelta:
     return TextDelta(
         session_id,
-        uuid.uuid4(),
+        message_id or uuid.uuid4(),
         1,
         None,
-        "agent-text:1",
-        0,
+        part_id,
+        offset,
         text,
         "output.message.delta",
         f"event_{uuid.uuid4().hex}",
@@ -79,12 +86,47 @@ async def test_a_published_item_reaches_its_own_process_at_once_and_once(
 ) -> None:
     first, second = processes
     item = delta(uuid.uuid4(), "hello")
-    await first.bus.publish(item)
-    # Delivered in memory before the NOTIFY's round trip ended.
+    first.bus.publish(item)
+    # Delivered in memory before the NOTIFY was even sent.
     assert first.of(TextDelta) == [item]
     assert await heard_by(second, TextDelta, 1) == [item]
     # Its echo came back to the first process, which skipped it.
     assert await heard_by(first, TextDelta, 2) == [item]
+
+
+async def test_a_parts_deltas_published_together_reach_other_processes_joined(
+    processes: tuple[Process, Process],
+) -> None:
+    """Each delta reaches local subscribers as it is published; the other processes
+    get the run of them as one delta (one NOTIFY, not one per token)."""
+    first, second = processes
+    session_id, message_id = uuid.uuid4(), uuid.uuid4()
+    texts = ["Hel", "lo, ", "wörld 🌍", "!"]
+    items, offset = [], 0
+    for text in texts:
+        items.append(delta(session_id, text, message_id=message_id, offset=offset))
+        offset += len(text.encode("utf-16-le")) // 2
+    for item in items:
+        first.bus.publish(item)
+    assert first.of(TextDelta) == items
+    (joined,) = await heard_by(second, TextDelta, 1)
+    assert (joined.offset, joined.text) == (0, "".join(texts))
+    assert joined.event_id == items[0].event_id
+
+
+async def test_many_live_items_reach_other_processes_in_order(
+    processes: tuple[Process, Process],
+) -> None:
+    """More than one NOTIFY payload holds: they are packed, in order, into several."""
+    first, second = processes
+    session_id = uuid.uuid4()
+    items = [
+        delta(session_id, f"{index:03d}" + "x" * 500, part_id=f"agent-text:{index}")
+        for index in range(60)
+    ]
+    for item in items:
+        first.bus.publish(item)
+    assert await heard_by(second, TextDelta, 60) == items
 
 
 async def test_a_commit_wakes_its_own_process_at_commit_and_the_other_once(
@@ -117,15 +159,19 @@ async def test_a_commit_without_an_answer_makes_its_process_resync(
     session_id = await new_session_row(first.database)
     first.heard.clear()
     admin = await asyncpg.connect(_asyncpg_dsn(settings.database_url))
+
+    async def commit_unanswered() -> None:
+        async with first.database.write() as db:
+            await db.lock_session(session_id)
+            db.outbox.wake(session_id, 99)
+            # The unit's connection dies before its COMMIT is answered.
+            driver = db._driver
+            pid = await driver.fetchval("SELECT pg_backend_pid()")
+            await admin.execute("SELECT pg_terminate_backend($1)", pid)
+
     try:
         with pytest.raises(OperationalError):
-            async with first.database.write() as db:
-                await db.lock_session(session_id)
-                db.outbox.wake(session_id, 99)
-                # The unit's connection dies before its COMMIT is answered.
-                driver = db._driver  # type: ignore[attr-defined]
-                pid = await driver.fetchval("SELECT pg_backend_pid()")
-                await admin.execute("SELECT pg_terminate_backend($1)", pid)
+            await commit_unanswered()
     finally:
         await admin.close()
     assert first.of(Resync) == [Resync()]

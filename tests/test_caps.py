@@ -19,15 +19,12 @@ from app.schemas import (
     MAX_URL_CHARS,
 )
 from app.settings import Settings
-from tests.conftest import running_app, test_settings as make_settings
-from tests.helpers import (
-    assert_problem,
-    create_session,
-    post_message,
-    table_rows,
-    text_body,
-    wait_idle,
-)
+from tests.support.api import create_session, post_message, text_body
+from tests.support.database import table_rows
+from tests.support.in_process import running_app
+from tests.support.lanes import make_settings
+from tests.support.problems import assert_problem
+from tests.support.waits import wait_idle
 
 MAX_TEXT = 300
 LIST_BYTES = 6000
@@ -226,8 +223,10 @@ async def test_a_session_larger_than_the_cap_is_still_listed(api: Api) -> None:
         )
         assert response.status_code == 201, response.text
     body = (await api.client.get("/v1/sessions")).json()
-    assert len(body["data"]) == 1 and body["limit"] == 1
-    assert "next_url" in body and body["total"] == 3
+    assert len(body["data"]) == 1
+    assert body["limit"] == 1
+    assert "next_url" in body
+    assert body["total"] == 3
 
 
 async def test_messages_page_stops_at_the_byte_cap_and_pages_on(api: Api) -> None:
@@ -246,7 +245,8 @@ async def test_messages_page_stops_at_the_byte_cap_and_pages_on(api: Api) -> Non
         assert len(response.content) <= LIST_BYTES + 2000, len(response.content)
         page = response.json()
         sequences = [m["sequence"] for m in page["data"]]
-        assert sequences == sorted(sequences) and sequences
+        assert sequences == sorted(sequences)
+        assert sequences
         assert page["start_sequence"] == sequences[0]
         everything = sequences + everything
         if not page["has_more"]:
@@ -314,7 +314,8 @@ async def test_lists_under_the_cap_keep_their_plain_shape(api: Api) -> None:
     events = (await api.client.get(f"/v1/sessions/{api.sid}/events")).json()
     assert set(events) == {"data"}
     sessions = (await api.client.get("/v1/sessions")).json()
-    assert sessions["limit"] == 20 and "next_url" not in sessions
+    assert sessions["limit"] == 20
+    assert "next_url" not in sessions
 
 
 # ---- error details do not echo huge inputs --------------------------------------------------

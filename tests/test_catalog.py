@@ -13,15 +13,14 @@ import pytest
 
 from app.catalog.registry import ConfigError, derived_id, load_catalog
 from app.settings import Settings
-from tests.conftest import (
-    Server,
-    free_port,
-    running_app,
-    start_server,
-    test_settings as make_settings,
-)
-from tests.fake_openai import FakeOpenAI
-from tests.helpers import assert_problem, run_cli, table_rows, text_body, text_of
+from tests.support.api import text_body, text_of
+from tests.support.cli import run_cli
+from tests.support.database import table_rows
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.in_process import running_app
+from tests.support.lanes import make_settings
+from tests.support.problems import assert_problem
+from tests.support.servers import Server, free_port, start_server
 
 SCRIPTED = derived_id("scripted", "scripted")
 OTHER = "model_" + "a" * 32

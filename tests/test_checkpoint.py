@@ -9,15 +9,19 @@ from typing import Any
 import orjson
 import pytest
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import models
+from app.db.rows import LockedSession, MessageRow
 from app.db.session import Database
-from app.events.service import EventSpec
-from app.messages import checkpoint
-from app.sessions import service as sessions_service
-from tests.conftest import Running
-from tests.helpers import new_session_row
+from app.db.writes import Write
+from app.journal import checkpoint
+from app.journal.actions import action_part, append_actions
+from app.journal.events import EventSpec
+from app.journal.parts import CheckpointError, ToolTransitionError
+from app.journal.sessions import lock_session
+from app.journal.tool_calls import tool_transition
+from tests.support.database import new_session_row
+from tests.support.in_process import Running
 
 
 def database(running: Running) -> Database:
@@ -46,11 +50,11 @@ async def snapshot(db_handle: Database, message_id: uuid.UUID) -> dict[str, Any]
 @asynccontextmanager
 async def locked(
     db_handle: Database, session_id: uuid.UUID, message_id: uuid.UUID
-) -> AsyncIterator[tuple[AsyncSession, models.Session, models.Message]]:
+) -> AsyncIterator[tuple[Write, LockedSession, MessageRow]]:
     """A write unit of work holding the session's lock and the message, as the runner
     does for each checkpoint."""
     async with db_handle.write() as db:
-        session = await sessions_service.lock_session(db, session_id)
+        session = await lock_session(db, session_id)
         assert session is not None
         message = await checkpoint.get_message_for_update(db, message_id)
         yield db, session, message
@@ -63,7 +67,7 @@ async def test_agent_message_lifecycle_bumps_revision_and_appends_events(
     sid = await new_session_row(handle)
     turn = uuid.uuid4()
     async with handle.write() as db:
-        session = await sessions_service.lock_session(db, sid)
+        session = await lock_session(db, sid)
         assert session is not None
         opened = await checkpoint.open_agent_message(db, session, turn_id=turn)
         assert opened.message is not None
@@ -72,7 +76,7 @@ async def test_agent_message_lifecycle_bumps_revision_and_appends_events(
     assert (first["revision"], first["state"], first["content"]) == (1, "streaming", [])
 
     async with locked(handle, sid, mid) as (db, session, message):
-        parts = [
+        parts: list[dict[str, Any]] = [
             {"type": "text", "text": "calling"},
             {"type": "tool_call", "id": "c1", "name": "lookup", "arguments": {}},
             {"type": "provider_opaque", "provider": "x", "content": {"k": 1}},
@@ -89,7 +93,7 @@ async def test_agent_message_lifecycle_bumps_revision_and_appends_events(
 
     interaction = {"interaction_id": "i1", "kind": "approval", "status": "approved"}
     async with locked(handle, sid, mid) as (db, session, message):
-        await checkpoint.tool_transition(
+        await tool_transition(
             db,
             session,
             message,
@@ -103,7 +107,7 @@ async def test_agent_message_lifecycle_bumps_revision_and_appends_events(
     assert running_snap["content"][-1]["type"] == "interaction"
 
     async with locked(handle, sid, mid) as (db, session, message):
-        await checkpoint.tool_transition(
+        await tool_transition(
             db,
             session,
             message,
@@ -147,7 +151,7 @@ async def test_closed_message_refuses_further_checkpoints(running: Running) -> N
     handle = database(running)
     sid = await new_session_row(handle)
     async with handle.write() as db:
-        session = await sessions_service.lock_session(db, sid)
+        session = await lock_session(db, sid)
         assert session is not None
         opened = await checkpoint.open_agent_message(db, session, turn_id=uuid.uuid4())
         assert opened.message is not None
@@ -157,7 +161,7 @@ async def test_closed_message_refuses_further_checkpoints(running: Running) -> N
     try:
         async with locked(handle, sid, mid) as (db, session, message):
             await checkpoint.commit_step(db, session, message, step_id="s", parts=[])
-    except checkpoint.CheckpointError:
+    except CheckpointError:
         pass
     else:
         raise AssertionError("a closed message accepted a step")
@@ -170,23 +174,24 @@ async def test_action_joins_streaming_message_or_stands_alone(running: Running) 
     turn = uuid.uuid4()
     changed = EventSpec("session.model.changed", {"model_id": "model_" + "1" * 32})
     async with handle.write() as db:
-        session = await sessions_service.lock_session(db, sid)
+        session = await lock_session(db, sid)
         assert session is not None
-        standalone = await checkpoint.append_actions(
+        standalone = await append_actions(
             db,
             session,
             turn_id=turn,
-            parts=[checkpoint.action_part("model_changed", "Model changed", {})],
+            parts=[action_part("model_changed", "Model changed", {})],
             events=[changed],
         )
         opened = await checkpoint.open_agent_message(db, session, turn_id=turn)
-        joined = await checkpoint.append_actions(
+        joined = await append_actions(
             db,
             session,
             turn_id=turn,
-            parts=[checkpoint.action_part("approval_mode_changed", "Mode", {})],
+            parts=[action_part("approval_mode_changed", "Mode", {})],
         )
-    assert standalone.message is not None and opened.message is not None
+    assert standalone.message is not None
+    assert opened.message is not None
     assert joined.message is not None
     alone = await snapshot(handle, standalone.message.id)
     assert alone["state"] == "done"
@@ -204,13 +209,13 @@ async def test_action_joins_streaming_message_or_stands_alone(running: Running) 
     assert alone["sequence"] == 2  # the sequence of the event that created it
 
 
-# ---- the tool life cycle (app/tools/lifecycle.py) -------------------------------------
+# ---- the tool life cycle (app/journal/lifecycle.py) -------------------------------------
 
 
 async def message_with_tool(handle: Database, sid: uuid.UUID) -> uuid.UUID:
     """A streaming agent message whose committed step holds tool call `c1`, ready."""
     async with handle.write() as db:
-        session = await sessions_service.lock_session(db, sid)
+        session = await lock_session(db, sid)
         assert session is not None
         opened = await checkpoint.open_agent_message(db, session, turn_id=uuid.uuid4())
         assert opened.message is not None
@@ -223,7 +228,7 @@ async def message_with_tool(handle: Database, sid: uuid.UUID) -> uuid.UUID:
 
 async def move(handle: Database, sid: uuid.UUID, mid: uuid.UUID, status: str) -> None:
     async with locked(handle, sid, mid) as (db, session, message):
-        await checkpoint.tool_transition(
+        await tool_transition(
             db,
             session,
             message,
@@ -291,7 +296,7 @@ async def test_an_impossible_tool_transition_raises_and_writes_nothing(
         for status in path:
             await move(handle, sid, mid, status)
         before = (await events(handle, sid), await snapshot(handle, mid))
-        with pytest.raises(checkpoint.ToolTransitionError):
+        with pytest.raises(ToolTransitionError):
             await move(handle, sid, mid, target)
         assert (await events(handle, sid), await snapshot(handle, mid)) == before, (
             path,
@@ -305,7 +310,7 @@ async def test_a_step_commits_its_tools_ready_and_never_closes_over_one(
     handle = database(running)
     sid = await new_session_row(handle)
     async with handle.write() as db:
-        session = await sessions_service.lock_session(db, sid)
+        session = await lock_session(db, sid)
         assert session is not None
         opened = await checkpoint.open_agent_message(db, session, turn_id=uuid.uuid4())
         assert opened.message is not None
@@ -319,7 +324,7 @@ async def test_a_step_commits_its_tools_ready_and_never_closes_over_one(
         ("completed", False),
         ("ready", True),
     ]:
-        with pytest.raises(checkpoint.ToolTransitionError):
+        with pytest.raises(ToolTransitionError):
             async with locked(handle, sid, mid) as (db, session, message):
                 await checkpoint.commit_step(
                     db,

@@ -2,7 +2,7 @@
 driven by Playwright) against a server process on each lane.
 
 A page on another origin (a tiny static server on loopback, listed in CORS_ORIGINS)
-uses the browser's own `EventSource` on both streams, as the README does: live text
+uses the browser's own `EventSource` on both streams, as docs/streams.md describes: live text
 with astral characters is applied delta by delta at `offset == text.length`; after a
 connection cycle the browser reconnects within the server's `retry:` (not its default
 3 s), and its `Last-Event-ID` wins over the `?after=0` / `?after_sequence=0` it re-sends,
@@ -24,16 +24,16 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.conftest import LANES, Server, start_server
-from tests.helpers import (
+from tests.support.api import (
     ASTRAL_TEXT,
     create_session,
-    lane_database_url,
     list_messages,
     post_message,
     text_of,
-    wait_idle,
 )
+from tests.support.lanes import LANES, lane_database_url
+from tests.support.servers import Server, start_server
+from tests.support.waits import wait_idle
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, Page, Route
@@ -140,7 +140,7 @@ async def loopback_only(page: "Page") -> list[str]:
     return refused
 
 
-# ---- the README's EventSource client, in the page ---------------------------------------
+# ---- the EventSource client of docs/streams.md, in the page ---------------------------------------
 
 # Both streams, each on `?after=0`-style URLs an EventSource re-sends unchanged on every
 # reconnect. The Mutation stream is applied by the seed's rules: snapshots by

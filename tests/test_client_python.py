@@ -28,7 +28,8 @@ from evermirror_client import (
     utf16_index,
     utf16_length,
 )
-from tests.helpers import KeyedServer, keyed_server_fixture, wait_until
+from tests.support.servers import KeyedServer, keyed_server_fixture
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -70,31 +71,56 @@ class _CutStream(httpx.AsyncByteStream):
         await self.inner.aclose()
 
 
+class _Arrival(httpx.AsyncByteStream):
+    """A response body that calls `arrived` once its first chunk is read."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, arrived: Callable[[], None]):
+        self.inner = inner
+        self.arrived: Callable[[], None] | None = arrived
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.inner:
+            if self.arrived is not None:
+                self.arrived()
+                self.arrived = None
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 class RecordingTransport(httpx.AsyncBaseTransport):
-    """Records every request; when `cut` is given, each Mutation stream connection
-    is dropped after `cut()` seconds (None: left alone)."""
+    """Records every request, and counts the Mutation stream connections whose first
+    frame arrived (`subscribed`: the service sends it once the stream is subscribed);
+    when `cut` is given, each such connection is dropped after `cut()` seconds (None:
+    left alone)."""
 
     def __init__(self, cut: Callable[[], float | None] | None = None) -> None:
         self.inner = httpx.AsyncHTTPTransport()
         self.cut = cut
         self.requests: list[httpx.Request] = []
+        self.subscribed = 0
 
     def streams(self) -> list[httpx.Request]:
         return [r for r in self.requests if r.url.path.endswith(STREAM_PATH)]
 
+    def _arrived(self) -> None:
+        self.subscribed += 1
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         response = await self.inner.handle_async_request(request)
-        after = (
-            self.cut() if self.cut and request.url.path.endswith(STREAM_PATH) else None
-        )
-        if after is None:
+        if not request.url.path.endswith(STREAM_PATH):
             return response
         assert isinstance(response.stream, httpx.AsyncByteStream)
+        body: httpx.AsyncByteStream = _Arrival(response.stream, self._arrived)
+        after = self.cut() if self.cut else None
+        if after is not None:
+            body = _CutStream(body, after)
         return httpx.Response(
             response.status_code,
             headers=response.headers,
-            stream=_CutStream(response.stream, after),
+            stream=body,
             extensions=response.extensions,
             request=request,
         )
@@ -103,19 +129,28 @@ class RecordingTransport(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-def make_client(
+@contextlib.asynccontextmanager
+async def make_client(
     server: KeyedServer,
     transport: httpx.AsyncBaseTransport | None = None,
     **options: Any,
-) -> Evermirror:
-    http = httpx.AsyncClient(transport=transport) if transport else None
-    return Evermirror(
-        base_url=server.url,
-        api_key=server.api_key,
-        http_client=http,
-        retry_seconds=0.02,
-        **options,
-    )
+) -> AsyncIterator[Evermirror]:
+    """A client of `server`; over `transport` when given (its httpx client is this
+    one's to close: the client closes only one it made itself)."""
+    async with contextlib.AsyncExitStack() as stack:
+        http = None
+        if transport is not None:
+            http = await stack.enter_async_context(
+                httpx.AsyncClient(transport=transport)
+            )
+        async with Evermirror(
+            base_url=server.url,
+            api_key=server.api_key,
+            http_client=http,
+            retry_seconds=0.02,
+            **options,
+        ) as client:
+            yield client
 
 
 async def wait_idle(session: Any, within: float = 20.0) -> None:
@@ -158,22 +193,27 @@ def agent_done(seen: list[Mutation], count: int = 1) -> bool:
 async def test_pages_follow_the_seed_and_walk_back(keyed_server: KeyedServer) -> None:
     async with make_client(keyed_server) as client:
         session = await client.create_session(title="pages")
-        assert session.info is not None and session.info["title"] == "pages"
+        assert session.info is not None
+        assert session.info["title"] == "pages"
         for word in ("one", "two", "three"):
             sent = await session.send(word)
             assert sent["delivery"] == "started"
             await wait_idle(session)
         page = await session.messages(limit=4)
         assert isinstance(page, SessionMessagePage)
-        assert page.total == 6 and page.has_more and len(page.items) == 4
+        assert page.total == 6
+        assert page.has_more
+        assert len(page.items) == 4
         assert page.start_sequence == page.items[0]["sequence"]
         assert page.end_sequence == page.items[-1]["sequence"]
         assert page.next_before_sequence == page.start_sequence
-        assert page.cursor is not None and page.cursor.isdigit()
+        assert page.cursor is not None
+        assert page.cursor.isdigit()
         older = await session.messages(
             limit=4, before_sequence=page.next_before_sequence
         )
-        assert not older.has_more and older.next_before_sequence is None
+        assert not older.has_more
+        assert older.next_before_sequence is None
         texts = [m["content"][0]["text"] for m in [*older.items, *page.items]]
         assert texts == ["one", "one", "two", "two", "three", "three"]
         raw = await client.http.get(
@@ -189,11 +229,13 @@ async def test_errors_carry_the_problem_fields(keyed_server: KeyedServer) -> Non
         with pytest.raises(EvermirrorError) as caught:
             await client.session(MISSING).messages()
         error = caught.value
-        assert error.status == 404 and error.code == "session_not_found"
+        assert error.status == 404
+        assert error.code == "session_not_found"
         assert error.title == "Not Found"
         assert error.detail == f"Session {MISSING} not found" == str(error)
         assert error.type == "https://docs.everruns.com/errors/session_not_found"
-        assert error.request_id is not None and len(error.request_id) == 32
+        assert error.request_id is not None
+        assert len(error.request_id) == 32
         assert not error.retryable
 
         with pytest.raises(EvermirrorError) as caught:
@@ -203,11 +245,13 @@ async def test_errors_carry_the_problem_fields(keyed_server: KeyedServer) -> Non
         session = await client.create_session()
         with pytest.raises(EvermirrorError) as caught:
             await session.send([])
-        assert caught.value.status == 422 and caught.value.errors
+        assert caught.value.status == 422
+        assert caught.value.errors
 
         first = await session.send("hello", client_message_id="c-1")
         again = await session.send("hello", client_message_id="c-1")
-        assert again["delivery"] == "duplicate" and again["id"] == first["id"]
+        assert again["delivery"] == "duplicate"
+        assert again["id"] == first["id"]
         with pytest.raises(EvermirrorError) as caught:
             await session.send("other", client_message_id="c-1")
         assert caught.value.code == "client_message_id_conflict"
@@ -233,7 +277,8 @@ async def test_cancel_stops_the_turn(keyed_server: KeyedServer) -> None:
         assert (await session.cancel())["status"] == "cancelled"
         await wait_idle(session)
         agent = (await session.messages()).items[-1]
-        assert agent["role"] == "agent" and agent["state"] == "done"
+        assert agent["role"] == "agent"
+        assert agent["state"] == "done"
         assert any(p["type"] == "error" for p in agent["content"])
         assert (await session.cancel())["status"] == "no_op"
 
@@ -250,7 +295,8 @@ async def test_send_and_wait_answers_with_the_finished_turn(
         assert result.messages == [(await session.messages()).items[-1]]
         failed = await session.send_and_wait("/scenario fail")
         assert failed.status == "failed"
-        assert failed.error is not None and failed.error["code"] == "model_error"
+        assert failed.error is not None
+        assert failed.error["code"] == "model_error"
         late = await session.send_and_wait("/scenario long 100000", timeout_ms=100)
         assert (late.status, late.messages) == ("timeout", [])
         assert late.message["delivery"] == "started"
@@ -312,12 +358,15 @@ async def test_tool_results_and_approvals(keyed_server: KeyedServer) -> None:
 async def test_subscribe_delivers_a_turn_continuously(
     keyed_server: KeyedServer,
 ) -> None:
-    async with make_client(keyed_server) as client:
+    transport = RecordingTransport()
+    async with make_client(keyed_server, transport) as client:
         session = await client.create_session()
         async with session.subscribe() as stream:
             # Subscribed before posting: nothing of the turn can be missed.
             first = asyncio.ensure_future(anext(stream))
-            await asyncio.sleep(0.3)
+            await wait_until(
+                lambda: transport.subscribed == 1, "the stream's first frame"
+            )
             await session.send("/scenario long 20")
             seen = [await asyncio.wait_for(first, 10)]
             seen += await next_until(stream, lambda s: agent_done(seen + s))
@@ -448,7 +497,8 @@ async def test_sync_loads_the_window_then_follows_live(
         await session.send("an earlier turn")
         await wait_idle(session)
         async with session.sync() as view:
-            assert view.status == "live"
+            opened = view.status
+            assert opened == "live"
             assert view.messages == await listed(session)
             shown = record_live_text(view)
             await session.send("/scenario long 30")
@@ -490,10 +540,12 @@ async def test_sync_loads_older_pages(keyed_server: KeyedServer) -> None:
             await wait_idle(session)
         view = await session.sync(limit=3)
         try:
-            assert len(view.messages) == 3 and view.has_more
+            assert len(view.messages) == 3
+            assert view.has_more
             assert await view.load_older() == 3
             assert await view.load_older() == 2
-            assert not view.has_more and await view.load_older() == 0
+            assert not view.has_more
+            assert await view.load_older() == 0
             await session.send("one more")
             assert len(await converged(view, session)) == 10
         finally:
@@ -567,7 +619,8 @@ async def test_a_disconnecting_frame_means_reconnect_now() -> None:
     ) as client:
         stream = client.session("session_x").subscribe(after="0")
         first = await asyncio.wait_for(anext(stream), 5)
-        assert isinstance(first, MessageMutation) and first.cursor == "12"
+        assert isinstance(first, MessageMutation)
+        assert first.cursor == "12"
         pending = asyncio.ensure_future(anext(stream))
         await wait_until(lambda: len(requests) >= 2, "the reconnect", within=5)
         pending.cancel()

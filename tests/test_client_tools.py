@@ -13,22 +13,21 @@ import httpx
 import pytest
 from everruns_sdk import ContentPart, Everruns, ToolDefinition
 
-from app.messages.admission import RESERVATION_SECONDS
+from app.journal.admission import RESERVATION_SECONDS
 from app.settings import Settings
-from tests.conftest import Running, running_app
-from tests.helpers import (
-    assert_problem,
+from tests.support.api import (
     create_session,
     get_session,
     list_events,
     list_messages,
     post_message,
-    server_process,
-    table_rows,
     text_of,
-    wait_idle,
-    wait_until,
 )
+from tests.support.database import table_rows
+from tests.support.in_process import Running, running_app
+from tests.support.problems import assert_problem
+from tests.support.servers import server_process
+from tests.support.waits import wait_idle, wait_sdk_idle, wait_status, wait_until
 
 WEATHER = {
     "type": "client_side",
@@ -50,19 +49,6 @@ async def tool_session(client: httpx.AsyncClient, *tools: dict[str, Any]) -> str
     assert response.status_code == 201, response.text
     session_id: str = response.json()["id"]
     return session_id
-
-
-async def wait_status(
-    client: httpx.AsyncClient, session_id: str, status: str, within: float = 20.0
-) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-
-    async def reached() -> bool:
-        seen.update(await get_session(client, session_id))
-        return bool(seen["status"] == status)
-
-    await wait_until(reached, f"session status {status}", within)
-    return seen
 
 
 def agent_tool_parts(message: dict[str, Any]) -> list[dict[str, Any]]:
@@ -303,7 +289,8 @@ async def test_an_error_result_fails_the_tool_and_the_model_sees_it(
     final = (await list_messages(client, session_id))["data"][-1]
     parts = agent_tool_parts(final)
     assert parts[0]["status"] == "failed"
-    assert parts[1] == {**parts[1], "error": "no network"} and "result" not in parts[1]
+    assert parts[1] == {**parts[1], "error": "no network"}
+    assert "result" not in parts[1]
     assert text_of(final).endswith("The get_weather tool failed: no network")
     completed = [
         e
@@ -353,7 +340,8 @@ async def test_cancel_while_waiting_fails_the_tool_and_ends_the_turn(
     assert parts[1]["error"] == "The turn was cancelled by the user"
     assert final["content"][-1]["type"] == "error"
     types = [e["type"] for e in await list_events(client, session_id)]
-    assert "turn.cancelled" in types and types[-1] == "session.idled"
+    assert "turn.cancelled" in types
+    assert types[-1] == "session.idled"
     late = await post_results(
         client, session_id, {"tool_call_id": parts[0]["id"], "result": 1}
     )
@@ -459,10 +447,7 @@ async def test_the_sdk_sends_tools_and_tool_results_unmodified(sdk: Everruns) ->
         session.id, [ContentPart.make_tool_result(calls[0]["id"], {"temperature": 21})]
     )
     assert (again.accepted, again.status) == (1, "active")
-    for _ in range(400):
-        if (await sdk.sessions.get(session.id)).status == "idle":
-            break
-        await asyncio.sleep(0.05)
+    await wait_sdk_idle(sdk, session.id, 20)
     listed = await sdk.messages.list(session.id)
     results = [p for p in listed[-1].content if p.type == "tool_result"]
     assert [(r.tool_call_id, r.result) for r in results] == [
@@ -503,10 +488,11 @@ async def test_a_restart_keeps_the_session_waiting(
         assert text_of(final).endswith('The get_weather tool returned "sunny".')
 
 
+@pytest.mark.postgres_only
 async def test_a_result_posted_to_another_process_resumes_the_turn(
-    pg_settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path
 ) -> None:
-    url = pg_settings.database_url
+    url = settings.database_url
     async with (
         server_process(url, tmp_path, kill=True) as a,
         server_process(url, tmp_path, kill=True) as b,

@@ -9,14 +9,9 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import Server
-from tests.helpers import (
-    create_session,
-    list_events,
-    list_messages,
-    text_body,
-    wait_idle,
-)
+from tests.support.api import create_session, list_events, list_messages, text_body
+from tests.support.servers import Server
+from tests.support.waits import wait_idle
 
 POSTS = 50
 TIMEOUT = httpx.Timeout(60.0)

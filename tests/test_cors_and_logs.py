@@ -16,17 +16,13 @@ import pytest
 
 from app.auth import create_key
 from app.settings import Settings
-from tests.conftest import Running, running_app, test_settings as make_settings
-from tests.helpers import (
-    auth,
-    create_cli_key,
-    create_session,
-    post_message,
-    run_cli,
-    start_own_server,
-    wait_idle,
-)
-from tests.sse_client import Frame, open_stream
+from tests.support.api import auth, create_session, post_message
+from tests.support.cli import create_cli_key, run_cli
+from tests.support.in_process import Running, running_app
+from tests.support.lanes import make_settings
+from tests.support.servers import start_own_server
+from tests.support.sse import Frame, open_stream
+from tests.support.waits import wait_idle
 
 ORIGIN = "https://app.example"
 DISALLOWED = [
@@ -509,10 +505,10 @@ async def test_server_log_holds_no_keys_or_message_text(
     assert secret_text not in log, "message text reached the log"
     assert secret_title not in log, "a session title reached the log"
     # Every error the app logged names the request id the client got back.
-    for record in records:
-        if record["logger"] == "app.errors":
-            assert record.get("request_id") in our_request_ids, (
-                f"logged error without our request id: {record}"
+    for entry in records:
+        if entry["logger"] == "app.errors":
+            assert entry.get("request_id") in our_request_ids, (
+                f"logged error without our request id: {entry}"
             )
     # And the requests did what they should: none of them was a 500.
     statuses = {label: status for label, status, _ in results}

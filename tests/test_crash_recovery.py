@@ -16,8 +16,7 @@ from typing import Any
 import httpx
 
 from app.settings import Settings
-from tests.conftest import Server, start_server
-from tests.helpers import (
+from tests.support.api import (
     TURN_EVENTS,
     create_session,
     get_session,
@@ -25,10 +24,10 @@ from tests.helpers import (
     list_messages,
     post_message,
     text_of,
-    wait_idle,
-    wait_until,
 )
-from tests.sse_client import Frame, SSEReader, merge_snapshots
+from tests.support.servers import Server, start_server
+from tests.support.sse import Frame, SSEReader, merge_snapshots
+from tests.support.waits import wait_idle, wait_until
 
 TEST_DEADLINE = 90.0
 WAIT = 15.0
@@ -217,7 +216,7 @@ async def test_sigkill_mid_stream_is_recovered_on_restart(
                     state = dict(client_state)
                     merge_snapshots(state, frames)
                     ordered = sorted(state.values(), key=lambda m: m["sequence"])
-                    return ordered == page["data"]
+                    return bool(ordered == page["data"])
 
                 await resumed.wait_for(converged, "the reconnecting client to converge")
                 assert all(f.event != "reset" for f in resumed.frames)

@@ -9,24 +9,19 @@ recorder of what the response sends."""
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 
-from app.live.fanout import (
-    Channel,
-    DeltaOut,
-    Fanout,
-    MessageOut,
-    PartOut,
-    StreamWriter,
-    Subscription,
-)
+from app.live.fanout import Channel, Fanout
 from app.live.items import TextDelta
+from app.live.outputs import DeltaOut, MessageOut, PartOut
 from app.live.response import EventStreamResponse
 from app.live.streams import StreamConfig, message_mutations, upstream_events
+from app.live.subscription import Subscription
+from app.live.writer import StreamWriter
 
 PART = "agent-text:1"
 
@@ -59,7 +54,7 @@ class Client:
         )
         self.task: asyncio.Task[None] | None = None
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: MutableMapping[str, Any]) -> None:
         if not self.writable.is_set():
             await self.writable.wait()
         if message["type"] == "http.response.body" and message.get("body"):

@@ -7,8 +7,8 @@ import re
 
 import httpx
 
-from app.docs import FAVICON, REDOC_JS, STATIC, SWAGGER_CSS, SWAGGER_JS
-from tests.helpers import assert_problem
+from app.api.docs import FAVICON, REDOC_JS, STATIC, SWAGGER_CSS, SWAGGER_JS
+from tests.support.problems import assert_problem
 
 # `src=`, `href=` and Swagger UI's `url:` in the two pages.
 REFERENCE = re.compile(r"""(?:src|href)=["']([^"']+)["']|url:\s*['"]([^'"]+)['"]""")
@@ -38,10 +38,12 @@ async def test_docs_pages_reference_only_local_assets(
         html = response.text
         assert expected <= references(html), (path, references(html))
         for url in references(html):
-            assert url.startswith("/") and not url.startswith("//"), (path, url)
+            assert url.startswith("/"), (path, url)
+            assert not url.startswith("//"), (path, url)
         # No CDN, no web fonts: nothing in the page names another host, and the
         # browser is told to load nothing from one.
-        assert "http://" not in html and "https://" not in html, (path, html)
+        assert "http://" not in html, (path, html)
+        assert "https://" not in html, (path, html)
         policy = response.headers["content-security-policy"]
         assert "default-src 'self'" in policy
         assert "img-src 'self' data:" in policy

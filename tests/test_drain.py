@@ -13,20 +13,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from app.settings import Settings
-from tests.conftest import Server
-from tests.helpers import (
+from tests.support.api import (
     all_messages,
-    assert_problem,
     create_session,
     list_events,
     post_message,
-    server_process,
     text_of,
-    wait_idle,
 )
-from tests.sse_client import Frame, SSEStream, open_stream
+from tests.support.problems import assert_problem
+from tests.support.servers import Server, server_process
+from tests.support.sse import Frame, SSEStream, open_stream
+from tests.support.waits import wait_idle
 
 TEST_DEADLINE = 60.0
 # How long past DRAIN_SECONDS a drained process may take to exit: uvicorn's own
@@ -107,14 +107,15 @@ async def mutations(
         yield stream
 
 
+@pytest.mark.postgres_only
 async def test_sigterm_mid_turn_hands_the_turn_and_its_streams_to_the_other_process(
-    pg_settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path
 ) -> None:
     """A turn that outlasts the drain: the client following it on the drained process
     is told `disconnecting`, resumes on the other process with Last-Event-ID, and ends
     with exactly what GET .../messages answers; the other process takes the turn over
     at once and completes it, with the whole reply once."""
-    database_url = pg_settings.database_url
+    database_url = settings.database_url
     count = 80
     env = {"DRAIN_SECONDS": "1", "SCRIPTED_DELAY_MS": "40", "LOG_LEVEL": "info"}
     async with (
@@ -152,11 +153,13 @@ async def test_sigterm_mid_turn_hands_the_turn_and_its_streams_to_the_other_proc
             stored
         )
         agents = [m for m in stored if m["role"] == "agent"]
-        assert len(agents) == 1 and text_of(agents[0]) == long_text(count)
+        assert len(agents) == 1
+        assert text_of(agents[0]) == long_text(count)
         # The live text the client assembled was the reply, once.
         assert list(follower.parts.values()) == [long_text(count)]
         types = [e["type"] for e in await list_events(client_b, sid)]
-        assert types.count("turn.completed") == 1 and "turn.failed" not in types
+        assert types.count("turn.completed") == 1
+        assert "turn.failed" not in types
         log = a.log.read_text()
         assert "draining: 1 turn(s) running" in log, log
         assert "0 turn(s) finished, 1 interrupted (handed over)" in log, log
@@ -190,7 +193,8 @@ async def test_a_turn_shorter_than_the_drain_finishes_before_the_process_exits(
             assert [m["state"] for m in agents] == ["done"]
             assert text_of(agents[0]) == long_text(40)
             types = [e["type"] for e in await list_events(client, sid)]
-            assert "turn.completed" in types and "turn.failed" not in types
+            assert "turn.completed" in types
+            assert "turn.failed" not in types
 
 
 async def test_while_draining_new_turns_and_streams_are_refused_and_ready_is_503(

@@ -3,7 +3,7 @@ rejected request leaves the database exactly as it was."""
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,22 +14,20 @@ from sqlalchemy.exc import OperationalError
 
 import app.db.reads
 import app.events.service
-import app.messages.checkpoint
+import app.journal.checkpoint
 import app.sessions.service
 from app.db import models
-from tests.conftest import Running
-from tests.helpers import (
-    ERROR_TYPE_BASE,
-    assert_problem,
+from tests.support.api import (
     create_session,
     list_events,
     post_message,
-    table_rows,
     text_body,
     uuid_of,
-    wait_idle,
-    wait_until,
 )
+from tests.support.database import table_rows
+from tests.support.in_process import Running
+from tests.support.problems import ERROR_TYPE_BASE, assert_problem
+from tests.support.waits import wait_idle, wait_until
 
 HEX32 = "0123456789abcdef0123456789abcdef"
 UNKNOWN_SESSION = "session_" + uuid.UUID(int=0xDEAD).hex
@@ -129,11 +127,12 @@ async def request(
 
 
 async def assert_unchanged(
-    world: World, call: Callable[[], Awaitable[httpx.Response]]
+    world: World, call: Awaitable[httpx.Response]
 ) -> httpx.Response:
+    """Await `call` (a request not yet sent); assert that it changed no row."""
     database = world.running.app.state.app.database
     before = await table_rows(database)
-    response = await call()
+    response = await call
     after = await table_rows(database)
     assert after == before, (
         f"{response.request.method} {response.request.url} -> {response.status_code} "
@@ -153,7 +152,7 @@ async def test_malformed_session_id_is_400_with_upstream_text(
         for bad, reason in malformed_ids("session"):
             url = f"{prefix}/sessions/{bad}" + world.fill(suffix)
             response = await assert_unchanged(
-                world, lambda url=url: request(world.client, method, url, json=body)
+                world, request(world.client, method, url, json=body)
             )
             assert_problem(response, 400, detail=f"Invalid session ID: {reason}")
 
@@ -162,9 +161,7 @@ async def test_malformed_message_id_is_400_with_upstream_text(world: World) -> N
     for prefix in ("/v1", "/api/v1"):
         for bad, reason in malformed_ids("message"):
             url = f"{prefix}/sessions/{world.sid}/messages/{bad}"
-            response = await assert_unchanged(
-                world, lambda url=url: world.client.get(url)
-            )
+            response = await assert_unchanged(world, world.client.get(url))
             assert_problem(response, 400, detail=f"Invalid message ID: {reason}")
 
 
@@ -175,7 +172,7 @@ async def test_malformed_since_id_is_400_with_upstream_text(
     url = f"/v1/sessions/{world.sid}/{route}"
     for bad, reason in malformed_ids("event"):
         response = await assert_unchanged(
-            world, lambda bad=bad: world.client.get(url, params={"since_id": bad})
+            world, world.client.get(url, params={"since_id": bad})
         )
         assert_problem(response, 400, detail=f"Invalid event ID: {reason}")
 
@@ -185,7 +182,7 @@ async def test_malformed_last_event_id_header_is_400(world: World) -> None:
     for bad, reason in malformed_ids("event"):
         response = await assert_unchanged(
             world,
-            lambda bad=bad: world.client.get(url, headers={"Last-Event-ID": bad}),
+            world.client.get(url, headers={"Last-Event-ID": bad}),
         )
         assert_problem(response, 400, detail=f"Invalid event ID: {reason}")
 
@@ -194,16 +191,14 @@ async def test_malformed_session_id_wins_over_other_problems(world: World) -> No
     """The path id is parsed before anything else is looked at or validated."""
     bad = f"sess_{HEX32}"
     expected = "Invalid session ID: invalid prefix: expected 'session', got 'sess'"
-    for method, url, kwargs in [
+    cases: list[tuple[str, str, dict[str, Any]]] = [
         ("GET", f"/v1/sessions/{bad}/messages/message_x", {}),
         ("GET", f"/v1/sessions/{bad}/events", {"params": {"since_id": "event_x"}}),
         ("POST", f"/v1/sessions/{bad}/messages", {"json": TEXT_BODY}),
-    ]:
+    ]
+    for method, url, kwargs in cases:
         response = await assert_unchanged(
-            world,
-            lambda method=method, url=url, kwargs=kwargs: world.client.request(
-                method, url, **kwargs
-            ),
+            world, world.client.request(method, url, **kwargs)
         )
         assert_problem(response, 400, detail=expected)
 
@@ -218,7 +213,7 @@ async def test_unknown_session_is_404(
     for prefix in ("/v1", "/api/v1"):
         url = f"{prefix}/sessions/{UNKNOWN_SESSION}" + world.fill(suffix)
         response = await assert_unchanged(
-            world, lambda url=url: request(world.client, method, url, json=body)
+            world, request(world.client, method, url, json=body)
         )
         assert_problem(
             response,
@@ -232,7 +227,7 @@ async def test_unknown_message_is_404(world: World) -> None:
     missing = "message_" + uuid.uuid4().hex
     response = await assert_unchanged(
         world,
-        lambda: world.client.get(f"/v1/sessions/{world.sid}/messages/{missing}"),
+        world.client.get(f"/v1/sessions/{world.sid}/messages/{missing}"),
     )
     assert_problem(
         response, 404, detail=f"Message {missing} not found", code="message_not_found"
@@ -241,7 +236,7 @@ async def test_unknown_message_is_404(world: World) -> None:
 
 async def test_message_of_another_session_is_404(world: World) -> None:
     url = f"/v1/sessions/{world.sid}/messages/{world.other_mid}"
-    response = await assert_unchanged(world, lambda: world.client.get(url))
+    response = await assert_unchanged(world, world.client.get(url))
     assert_problem(response, 404, code="message_not_found")
     own = await world.client.get(
         f"/v1/sessions/{world.other_sid}/messages/{world.other_mid}"
@@ -258,7 +253,7 @@ async def test_since_id_that_names_no_event_is_rejected(
     for since_id in ("event_" + uuid.uuid4().hex, "event_" + "0" * 32):
         response = await assert_unchanged(
             world,
-            lambda since_id=since_id: world.client.get(
+            world.client.get(
                 f"/v1/sessions/{world.sid}/{route}", params={"since_id": since_id}
             ),
         )
@@ -286,9 +281,7 @@ async def test_deleted_session_is_404_on_every_route(world: World) -> None:
             url = f"{prefix}/sessions/{world.sid}" + world.fill(suffix)
             response = await assert_unchanged(
                 world,
-                lambda method=method, url=url, body=body: request(
-                    world.client, method, url, json=body
-                ),
+                request(world.client, method, url, json=body),
             )
             assert_problem(
                 response,
@@ -317,8 +310,11 @@ async def test_session_deleted_mid_turn_stays_gone(world: World) -> None:
     )
     database = world.running.app.state.app.database
     async with database.read() as db:
-        for model in (models.Session, models.Message, models.Event):
-            column = model.id if model is models.Session else model.session_id
+        for model, column in (
+            (models.Session, models.Session.id),
+            (models.Message, models.Message.session_id),
+            (models.Event, models.Event.session_id),
+        ):
             rows = await db.scalar(
                 select(func.count()).select_from(model).where(column == session_id)
             )
@@ -349,7 +345,7 @@ async def test_unknown_route_is_404_problem(
     world: World, method: str, path: str
 ) -> None:
     url = world.fill(path)
-    response = await assert_unchanged(world, lambda: world.client.request(method, url))
+    response = await assert_unchanged(world, world.client.request(method, url))
     assert_problem(response, 404, detail=f"No route for {method} {url}")
 
 
@@ -370,7 +366,7 @@ async def test_wrong_method_is_405_problem(
     world: World, method: str, path: str, allowed: set[str]
 ) -> None:
     url = world.fill(path)
-    response = await assert_unchanged(world, lambda: world.client.request(method, url))
+    response = await assert_unchanged(world, world.client.request(method, url))
     assert_problem(response, 405, detail=f"Method {method} is not allowed on {url}")
     assert "allow" in response.headers
 
@@ -406,7 +402,7 @@ async def test_malformed_json_body_is_400(
 ) -> None:
     url = world.fill(path)
     response = await assert_unchanged(
-        world, lambda: request(world.client, method, url, content=content)
+        world, request(world.client, method, url, content=content)
     )
     assert_problem(response, 400, detail="Malformed JSON body", code="invalid_json")
 
@@ -414,7 +410,7 @@ async def test_malformed_json_body_is_400(
 async def test_body_that_is_not_utf8_is_400(world: World) -> None:
     response = await assert_unchanged(
         world,
-        lambda: request(world.client, "POST", "/v1/sessions", content=b"\xff\xfe{"),
+        request(world.client, "POST", "/v1/sessions", content=b"\xff\xfe{"),
     )
     assert_problem(response, 400)
 
@@ -520,15 +516,17 @@ async def test_invalid_body_is_422_naming_the_field(
 ) -> None:
     url = world.fill(path)
     response = await assert_unchanged(
-        world, lambda: world.client.request(method, url, json=body)
+        world, world.client.request(method, url, json=body)
     )
     problem = assert_problem(response, 422, code="validation_error")
     errors = problem["errors"]
-    assert isinstance(errors, list) and errors, problem
+    assert isinstance(errors, list), problem
+    assert errors, problem
     for error in errors:
         assert set(error) == {"loc", "msg", "type"}, error
         assert error["loc"][0] == "body", error
-        assert isinstance(error["msg"], str) and error["msg"], error
+        assert isinstance(error["msg"], str), error
+        assert error["msg"], error
     named = {".".join(error["loc"][1:]) for error in errors}
     for name in fields:
         assert name in named, f"{name} not among {named}"
@@ -542,7 +540,7 @@ async def test_non_user_role_is_upstreams_400_and_starts_no_turn(
     body = {"message": {"role": role, "content": [{"type": "text", "text": "x"}]}}
     response = await assert_unchanged(
         world,
-        lambda: world.client.post(f"/v1/sessions/{world.sid}/messages", json=body),
+        world.client.post(f"/v1/sessions/{world.sid}/messages", json=body),
     )
     problem = assert_problem(response, 400)
     assert (
@@ -653,9 +651,7 @@ async def test_bad_query_value_is_400(
 ) -> None:
     url = world.fill(path)
     query = _fill_params(world, params)
-    response = await assert_unchanged(
-        world, lambda: world.client.get(url, params=query)
-    )
+    response = await assert_unchanged(world, world.client.get(url, params=query))
     problem = assert_problem(response, 400, detail=detail)
     assert "detail" in problem
     if "errors" in problem:
@@ -701,7 +697,7 @@ async def test_unexpected_exception_is_generic_500_with_request_id(
         monkeypatch.setattr(reads, "head", _explode)
     url = f"/v1/sessions/{world.sid}" + world.fill(suffix)
     with caplog.at_level(logging.ERROR, logger="app.errors"):
-        response = await assert_unchanged(world, lambda: world.client.get(url))
+        response = await assert_unchanged(world, world.client.get(url))
     problem = assert_problem(response, 500)
     assert problem == {
         "title": "Internal Server Error",
@@ -722,18 +718,16 @@ async def test_unexpected_exception_is_generic_500_with_request_id(
 async def test_failure_after_writes_rolls_everything_back(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = app.messages.checkpoint.append_user_message
+    real = app.journal.checkpoint.append_user_message
 
     async def append_then_fail(*args: Any, **kwargs: Any) -> Any:
         await real(*args, **kwargs)
         raise RuntimeError("failed after writing")
 
-    monkeypatch.setattr(
-        app.messages.checkpoint, "append_user_message", append_then_fail
-    )
+    monkeypatch.setattr(app.journal.checkpoint, "append_user_message", append_then_fail)
     response = await assert_unchanged(
         world,
-        lambda: world.client.post(f"/v1/sessions/{world.sid}/messages", json=TEXT_BODY),
+        world.client.post(f"/v1/sessions/{world.sid}/messages", json=TEXT_BODY),
     )
     assert_problem(response, 500, detail="Internal server error", code="internal_error")
     session_id = uuid_of(world.sid)
@@ -756,7 +750,7 @@ async def test_database_outage_is_503_with_retry_after(
 
     monkeypatch.setattr(app.sessions.service, "get_session", unavailable)
     response = await assert_unchanged(
-        world, lambda: world.client.get(f"/v1/sessions/{world.sid}")
+        world, world.client.get(f"/v1/sessions/{world.sid}")
     )
     problem = assert_problem(response, 503, code="unavailable")
     assert problem["retry_after_seconds"] == 2

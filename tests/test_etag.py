@@ -2,7 +2,7 @@
 
 import httpx
 
-from tests.helpers import wait_idle
+from tests.support.waits import wait_idle
 
 
 async def test_list_messages_if_none_match_returns_304_until_a_checkpoint(

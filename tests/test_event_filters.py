@@ -3,7 +3,6 @@ real server: each one narrows the log exactly as upstream documents it, and the 
 that have no meaning here are refused with a 400 naming them, never ignored."""
 
 import asyncio
-import time
 from typing import Any
 
 import httpx
@@ -11,16 +10,14 @@ import pytest
 from everruns_sdk import Everruns
 from everruns_sdk.errors import ApiError
 
-from tests.conftest import Server
-from tests.sse_client import expect_connected, open_stream
+from tests.support.servers import Server
+from tests.support.sse import expect_connected, open_stream
+from tests.support.waits import wait_sdk_idle
 
 
 async def run_turn(sdk: Everruns, session_id: str, text: str) -> None:
     await sdk.messages.create(session_id, text)
-    deadline = time.monotonic() + 30
-    while (await sdk.sessions.get(session_id)).status != "idle":
-        assert time.monotonic() < deadline, "the turn did not finish"
-        await asyncio.sleep(0.05)
+    await wait_sdk_idle(sdk, session_id)
 
 
 @pytest.fixture
@@ -46,7 +43,8 @@ async def test_turn_id_time_bounds_tool_name_and_text(
 
     second_turn = await sdk.events.list(sid, turn_id=turns[1])
     expected = [e for e in log if e["context"].get("turn_id") == turns[1]]
-    assert expected and ids(second_turn) == ids(expected)
+    assert expected
+    assert ids(second_turn) == ids(expected)
 
     middle = log[len(log) // 2]["ts"]
     later = await sdk.events.list(sid, from_ts=middle)
@@ -61,7 +59,8 @@ async def test_turn_id_time_bounds_tool_name_and_text(
     assert await sdk.events.list(sid, tool_name="no_such_tool") == []
 
     bananas = await sdk.events.list(sid, q="BANANA")
-    assert bananas and all("banana" in str(e.data).lower() for e in bananas)
+    assert bananas
+    assert all("banana" in str(e.data).lower() for e in bananas)
     assert ids(bananas) == ids([e for e in log if "banana" in str(e["data"]).lower()])
     # LIKE wildcards are plain characters.
     assert await sdk.events.list(sid, q="%") == []
@@ -117,14 +116,15 @@ async def test_bad_filter_values_are_4xx(
 ) -> None:
     sid, _ = two_turns
     async with httpx.AsyncClient(base_url=server.url) as client:
-        for params, status in [
+        refused: list[tuple[dict[str, Any], int]] = [
             ({"from_ts": "yesterday"}, 400),
             ({"from_ts": "2026-01-01T00:00:00"}, 400),  # no offset
             ({"to_ts": "0001-01-01T00:00:00+01:00"}, 400),  # before year 1 in UTC
             ({"q": "x" * 201}, 400),
             ({"window": 501, "around": "event_" + "0" * 32}, 400),
             ({"around": "event_" + "0" * 32, "limit": 5}, 400),
-        ]:
+        ]
+        for params, status in refused:
             response = await client.get(f"/v1/sessions/{sid}/events", params=params)
             assert response.status_code == status, (params, response.text)
             assert response.headers["content-type"] == "application/problem+json"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.helpers import KeyedServer, keyed_server_fixture
+from tests.support.lanes import ROOT
+from tests.support.servers import KeyedServer, keyed_server_fixture
 
 pytestmark = pytest.mark.e2e
 
@@ -137,19 +137,26 @@ def test_browser_page_loads_the_client(tmp_path: Path) -> None:
     assert "textContent" in script
 
 
-def readme_snippet(language: str) -> str:
-    """The README's first `language` code block of its clients section."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### The clients") :]
+# The manual's page holding the clients section.
+STREAMS_DOC = ROOT / "docs/streams.md"
+
+
+def clients_snippet(language: str) -> str:
+    """The first `language` code block of the clients section of docs/streams.md."""
+    page = STREAMS_DOC.read_text()
+    heading = re.search(r"^#+ The clients", page, re.MULTILINE)
+    assert heading, "no clients section in docs/streams.md"
+    section = page[heading.start() :]
     match = re.search(rf"```{language}\n(.*?)```", section, re.DOTALL)
-    assert match, f"no {language} snippet in the README's clients section"
+    assert match, f"no {language} snippet in the clients section of docs/streams.md"
     return match.group(1)
 
 
-def test_readme_snippets_run(keyed_server: KeyedServer, tmp_path: Path) -> None:
-    """The README's client snippets run as printed (only the address, the key and a
-    `render` function are supplied), so the documentation cannot drift from the API."""
-    js = readme_snippet("js").replace("http://127.0.0.1:8000", keyed_server.url)
+def test_client_snippets_run(keyed_server: KeyedServer, tmp_path: Path) -> None:
+    """The client snippets of docs/streams.md run as printed (only the address, the key
+    and a `render` function are supplied), so the documentation cannot drift from the
+    API."""
+    js = clients_snippet("js").replace("http://127.0.0.1:8000", keyed_server.url)
     index = (ROOT / "clients/js/src/index.js").as_uri()
     js = js.replace('from "evermirror-client"', f'from "{index}"')
     script = tmp_path / "snippet.mjs"
@@ -162,7 +169,9 @@ def test_readme_snippets_run(keyed_server: KeyedServer, tmp_path: Path) -> None:
     assert node, "needs Node.js >= 18"
     assert run_example(keyed_server, node, str(script)).splitlines()[-1] == "ok 2 2"
 
-    python = readme_snippet("python").replace("http://127.0.0.1:8000", keyed_server.url)
+    python = clients_snippet("python").replace(
+        "http://127.0.0.1:8000", keyed_server.url
+    )
     body = "\n".join(f"    {line}" for line in python.splitlines())
     program = tmp_path / "snippet.py"
     program.write_text(

@@ -1,6 +1,7 @@
 """The fan-out's order and writes, driven item by item: a live item goes out behind a
-wake-up whose read is in progress and straight to the subscribers when nothing is
-ahead of it, and a stream writes every item it has queued in one chunk. A fan-out of
+wake-up whose read is in progress and to the subscribers on the loop's next turn when
+nothing is ahead of it, a stream writes every item it has queued in one chunk, and a
+channel's first read covers what its live subscribers lack. A fan-out of
 its own on the test's database, fed directly (no bus), so both lanes see the same
 timing."""
 
@@ -11,19 +12,18 @@ import uuid
 from collections.abc import AsyncIterator
 
 from app.ids import uuid7
-from app.live.fanout import Fanout, Subscription
+from app.journal import checkpoint
+from app.journal.sessions import lock_session
+from app.live.fanout import Fanout
 from app.live.items import PartStarted, Wakeup
+from app.live.outputs import EventOut
 from app.live.streams import StreamConfig, message_mutations
-from app.messages import checkpoint
-from app.sessions import service as sessions_service
-from tests.conftest import Running
-from tests.helpers import (
-    create_session,
-    frame_names,
-    text_delta,
-    uuid_of,
-    wait_until,
-)
+from app.live.subscription import Subscription
+from tests.support.api import create_session, uuid_of
+from tests.support.in_process import Running
+from tests.support.live import text_delta
+from tests.support.sse import frame_names
+from tests.support.waits import wait_until
 
 
 async def parked(fanout: Fanout, session_id: uuid.UUID) -> Subscription:
@@ -63,7 +63,7 @@ async def test_live_items_queue_behind_a_read_and_skip_the_pump_otherwise(
         # A checkpoint commits; its wake-up arrives, then the next step's part and
         # first delta, before the channel has read anything.
         async with state.database.write() as db:
-            session = await sessions_service.lock_session(db, session_id)
+            session = await lock_session(db, session_id)
             assert session is not None
             await checkpoint.append_user_message(
                 db,
@@ -94,11 +94,15 @@ async def test_live_items_queue_behind_a_read_and_skip_the_pump_otherwise(
             seen += frame_names(await asyncio.wait_for(anext(stream), 5))
         assert seen == ["message", "part", "delta"]
 
-        # Nothing ahead: a delta goes to the subscriber in the same call.
+        # Nothing ahead: a delta goes to the subscriber on the loop's next turn,
+        # without the pump (the publisher does not wait for the subscribers).
         pending = asyncio.ensure_future(anext(stream))
         sub = await parked(fanout, session_id)
         fanout.deliver(text_delta(session_id, message_id, 2, " there"))
-        assert channel.inbox.empty() and len(sub.pending) == 1
+        assert channel.inbox.empty()
+        assert (len(channel.live), len(sub.pending)) == (1, 0)
+        await asyncio.sleep(0)
+        assert (len(channel.live), len(sub.pending)) == (0, 1)
         assert frame_names(await asyncio.wait_for(pending, 5)) == ["delta"]
 
         # Three deltas queued while the stream waited go out as one chunk, in order.
@@ -115,4 +119,46 @@ async def test_live_items_queue_behind_a_read_and_skip_the_pump_otherwise(
             with contextlib.suppress(asyncio.CancelledError):
                 await pending
         await stream.aclose()  # type: ignore[attr-defined]
+        await fanout.close()
+
+
+async def test_the_first_read_covers_every_subscriber_that_went_live(
+    running: Running,
+) -> None:
+    """Two commits, and only the second's wake-up reaches the new channel: its one read
+    begins where its subscriber went live, so the subscriber gets both commits' events
+    in order and has no gap to read for itself (a thousand subscribers would each have
+    read theirs at the start of a turn)."""
+    state = running.app.state.app
+    session_id = uuid_of(await create_session(running.client, "first read"))
+    fanout = Fanout(state.database, 100)
+    try:
+        sub = fanout.subscribe(session_id)
+        sequences: list[int] = []
+        for text in ("one", "two"):
+            async with state.database.write() as db:
+                session = await lock_session(db, session_id)
+                assert session is not None
+                if not sequences:
+                    sub.started_at = session.last_sequence
+                await checkpoint.append_user_message(
+                    db,
+                    session,
+                    content=[{"type": "text", "text": text}],
+                    visibility="visible",
+                    extra={},
+                    client_message_id=None,
+                    start_turn=False,
+                )
+                sequences.append(session.last_sequence)
+        fanout.deliver(Wakeup(session_id, sequences[-1]))
+
+        def events() -> list[int]:
+            return [i.sequence for i in sub.pending if isinstance(i, EventOut)]
+
+        await wait_until(lambda: events()[-1:] == sequences[-1:], "the read", within=5)
+        assert sub.started_at is not None
+        assert events() == list(range(sub.started_at + 1, sequences[-1] + 1))
+        assert sequences[0] in events()
+    finally:
         await fanout.close()

@@ -15,14 +15,13 @@ scripts/ and are described in docs/reliability.md.
 """
 
 import asyncio
-import contextlib
 import os
 import socket
 import statistics
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,8 +32,10 @@ import orjson
 import pytest
 
 from app.settings import Settings
-from tests.conftest import ROOT, Server, start_server
-from tests.helpers import all_messages, list_events
+from tests.support.api import all_messages, list_events
+from tests.support.lanes import ROOT
+from tests.support.servers import Server, server_process
+from tests.support.waits import wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -49,28 +50,6 @@ def body(text: str, client_message_id: str | None = None) -> dict[str, Any]:
     if client_message_id is not None:
         out["client_message_id"] = client_message_id
     return out
-
-
-async def wait_idle(http: httpx.AsyncClient, session_id: str, within: float) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        response = await http.get(f"/v1/sessions/{session_id}")
-        assert response.status_code == 200, response.text
-        if response.json()["status"] == "idle":
-            return
-        assert time.monotonic() < deadline, f"session {session_id} never idled"
-        await asyncio.sleep(0.05)
-
-
-@contextlib.asynccontextmanager
-async def running_server(
-    database_url: str, tmp_path: Path, **env: str
-) -> AsyncIterator[Server]:
-    server = await asyncio.to_thread(start_server, database_url, tmp_path, None, **env)
-    try:
-        yield server
-    finally:
-        await asyncio.to_thread(server.stop)
 
 
 # ---- (a) concurrent writers, one of them another process ----------------------------
@@ -139,7 +118,7 @@ async def test_concurrent_writers_and_a_second_writer_process(
         )
         try:
             async with (
-                running_server(url, tmp_path, RATE_LIMIT_PER_SECOND="0") as server,
+                server_process(url, tmp_path, RATE_LIMIT_PER_SECOND="0") as server,
                 httpx.AsyncClient(
                     base_url=server.url,
                     timeout=httpx.Timeout(45.0),
@@ -447,7 +426,7 @@ async def test_slow_consumer_is_dropped_without_slowing_anyone(
 ) -> None:
     async with (
         asyncio.timeout(TEST_DEADLINE),
-        running_server(
+        server_process(
             settings.database_url,
             tmp_path,
             SCRIPTED_DELAY_MS="5",
@@ -463,7 +442,8 @@ async def test_slow_consumer_is_dropped_without_slowing_anyone(
         sid = (await http.post("/v1/sessions", json={})).json()["id"]
         # The slow client connects and then reads nothing while the workload runs.
         slow = await RawStream.open(server, stream_path(kind, sid), rcvbuf=4096)
-        await asyncio.sleep(0.3)  # let the server subscribe it before anything happens
+        # Its first frame, which the server sends once the stream is subscribed.
+        await slow.read_until(lambda out: out.nbytes > 0, 10)
         try:
             with_slow = await observed_workload(server, http, sid)
             ended = time.monotonic()
@@ -522,7 +502,7 @@ async def test_a_delta_larger_than_a_notify_payload_reaches_subscribers(
     20 kB (one echoed word) must reach both streams whole, on either bus."""
     async with (
         asyncio.timeout(TEST_DEADLINE),
-        running_server(settings.database_url, tmp_path) as server,
+        server_process(settings.database_url, tmp_path) as server,
         httpx.AsyncClient(base_url=server.url, timeout=20) as http,
     ):
         sid = (await http.post("/v1/sessions", json={})).json()["id"]

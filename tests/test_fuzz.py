@@ -32,7 +32,8 @@ from jsonschema.exceptions import SchemaError
 from schemathesis.core.failures import Failure
 
 from app.schemas import MAX_INT32
-from tests.conftest import LANES, Server, start_server, truncate
+from tests.support.lanes import LANES, truncate
+from tests.support.servers import Server, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = ROOT / "openapi" / "openapi.json"
@@ -191,8 +192,8 @@ def flatmap_query(
     if "window" in query and not _matches(EVENT_ID, query.get("around")):
         query.pop("window")
     if _matches(EVENT_ID, query.get("around")):
-        query = {k: v for k, v in query.items() if k not in AROUND_EXCLUDES}
-        return st.sampled_from(Known.events).map(lambda e: {**query, "around": e})
+        kept = {k: v for k, v in query.items() if k not in AROUND_EXCLUDES}
+        return st.sampled_from(Known.events).map(lambda e: {**kept, "around": e})
     if not _matches(EVENT_ID, query.get("since_id")):
         return st.just(query)
     after = query.get("after_sequence")
@@ -201,7 +202,7 @@ def flatmap_query(
     return st.sampled_from(Known.events).map(lambda e: {**query, "since_id": e})
 
 
-def body_refused_by_design(case: schemathesis.Case) -> bool:
+def body_refused_by_design(case: schemathesis.Case[Any]) -> bool:
     """Bodies valid by the schema that the service refuses by design (422), which a
     schema cannot say: tools with one name twice or `parameters` that are not a JSON
     Schema, and one tool call's result twice in a request."""
@@ -227,7 +228,7 @@ def body_refused_by_design(case: schemathesis.Case) -> bool:
 
 
 def problem_json(
-    ctx: Any, response: schemathesis.Response, case: schemathesis.Case
+    ctx: Any, response: schemathesis.Response, case: schemathesis.Case[Any]
 ) -> bool | None:
     """Every 4xx/5xx is RFC 9457 problem+json with `title` and `status`."""
     if response.status_code < 400:
@@ -256,7 +257,7 @@ def problem_json(
     return True
 
 
-def _call(case: schemathesis.Case, server: Server) -> None:
+def _call(case: schemathesis.Case[Any], server: Server) -> None:
     body = known_model(case.body)
     if body is not case.body:
         case.body = body

@@ -13,10 +13,11 @@ import schemathesis
 from sqlalchemy import func, select
 
 from app.db import models
+from app.db.base import Base
 from app.main import create_app
 from app.schemas import MAX_INT32
 from app.settings import Settings
-from tests.conftest import test_settings as make_settings
+from tests.support.lanes import make_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEM_JSON = "application/problem+json"
@@ -32,7 +33,8 @@ def assert_problem(
     assert response.status_code == status, context
     assert response.headers["content-type"].split(";")[0] == PROBLEM_JSON, context
     body: dict[str, Any] = response.json()
-    assert body["status"] == status and isinstance(body["title"], str), context
+    assert body["status"] == status, context
+    assert isinstance(body["title"], str), context
     if detail is not None:
         assert body.get("detail") == detail, context
     return body
@@ -52,7 +54,7 @@ class Api:
     async def counts(self) -> tuple[int, int, int]:
         async with self.app.state.app.database.read() as db:
 
-            async def count(model: type[models.Base]) -> int:
+            async def count(model: type[Base]) -> int:
                 return int(
                     await db.scalar(select(func.count()).select_from(model)) or 0
                 )
@@ -319,7 +321,8 @@ def test_ids_and_cursors_are_documented_with_their_format(
     assert [bool(cursor.match(t)) for t in ("0", "0042", str(MAX_INT32))] == [True] * 3
     assert not any(cursor.match(t) for t in ("", "-1", str(MAX_INT32 + 1), "²"))
     types = _param(document, events, "types")["anyOf"][0]
-    assert "input.message" in types["items"]["enum"] and types["maxItems"] == 64
+    assert "input.message" in types["items"]["enum"]
+    assert types["maxItems"] == 64
     role = document["components"]["schemas"]["InputMessage"]["properties"]["role"]
     assert role["enum"] == ["user"]
 

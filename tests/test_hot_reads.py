@@ -1,5 +1,5 @@
 """Hot reads: the newest pages and single messages answered from memory, below FastAPI's
-routing, and kept correct by the bus (app/messages/cache.py, app/hot.py).
+routing, and kept correct by the bus (app/live/cache.py, app/api/hot.py).
 
 Both paths must answer the same bytes; a write must be visible at once on the process
 that made it and within the bus latency on any other; a deleted session's cached pages
@@ -14,16 +14,12 @@ import httpx
 import pytest
 
 from app import auth
-from app.messages.cache import CachedPage, PageCache
+from app.live.cache import CachedPage, PageCache
 from app.settings import Settings
-from tests.conftest import Running
-from tests.helpers import (
-    auth as bearer,
-    create_session,
-    post_message,
-    server_process,
-    wait_idle,
-)
+from tests.support.api import auth as bearer, create_session, post_message
+from tests.support.in_process import Running
+from tests.support.servers import server_process
+from tests.support.waits import wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -97,7 +93,8 @@ async def test_a_write_is_read_at_once_on_the_process_that_made_it(
     await wait_idle(client, sid)
     final = await client.get(url)
     agent = final.json()["data"][-1]
-    assert agent["role"] == "agent" and agent["state"] == "done"
+    assert agent["role"] == "agent"
+    assert agent["state"] == "done"
     # The single-message snapshot follows the message's checkpoints too.
     assert (await client.get(f"{url}/{agent['id']}")).json() == agent
 
@@ -159,7 +156,8 @@ def test_a_read_older_than_a_heard_wakeup_is_not_stored() -> None:
     assert cache.entry(sid) is None
     cache.store_page(sid, org, 5, (50, False), CachedPage("e5", b"new"))
     entry = cache.entry(sid)
-    assert entry is not None and entry.pages[(50, False)].body == b"new"
+    assert entry is not None
+    assert entry.pages[(50, False)].body == b"new"
     # A later wake-up drops it; an equal one (the process's own NOTIFY) does not.
     cache.committed(sid, 5)
     assert cache.entry(sid) is not None
@@ -192,12 +190,10 @@ def test_the_cache_stays_within_its_bytes() -> None:
 CROSS_PROCESS_BOUND = 2.0
 
 
-@pytest.mark.postgres_only
+@pytest.mark.postgres_only(reason="two processes need PostgreSQL")
 async def test_a_write_on_one_process_is_read_on_another_within_a_bound(
     settings: Settings, tmp_path: Path
 ) -> None:
-    if not settings.database_url.startswith("postgresql"):
-        pytest.skip("two processes need PostgreSQL")
     async with (
         asyncio.timeout(90),
         server_process(settings.database_url, tmp_path) as a,

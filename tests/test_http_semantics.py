@@ -9,17 +9,12 @@ import httpx
 import pytest
 
 from app.settings import Settings
-from tests.conftest import Running, running_app, test_settings as make_settings
-from tests.helpers import (
-    ERROR_TYPE_BASE,
-    PROBLEM_JSON,
-    assert_problem,
-    create_session,
-    post_message,
-    table_rows,
-    text_body,
-    wait_idle,
-)
+from tests.support.api import create_session, post_message, text_body
+from tests.support.database import table_rows
+from tests.support.in_process import Running, running_app
+from tests.support.lanes import make_settings
+from tests.support.problems import ERROR_TYPE_BASE, PROBLEM_JSON, assert_problem
+from tests.support.waits import wait_idle
 
 HEX32 = "0123456789abcdef0123456789abcdef"
 UNKNOWN_SESSION = f"session_{HEX32}"

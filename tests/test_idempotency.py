@@ -7,8 +7,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Running
-from tests.helpers import assert_problem, create_session, table_rows, wait_idle
+from tests.support.api import create_session
+from tests.support.database import table_rows
+from tests.support.in_process import Running
+from tests.support.problems import assert_problem
+from tests.support.waits import wait_idle
 from tests.test_approvals import ASK, first_pending, guarded_session
 
 ORIGINAL: dict[str, Any] = {

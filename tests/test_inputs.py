@@ -6,32 +6,28 @@ per input finding of the adversarial review (issue 8) — lone surrogates, integ
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import orjson
 import pytest
 
 from app.db.session import Database
-from app.runner.drivers import (
+from app.runner.drivers.base import TextDelta, Turn
+from app.runner.drivers.scripted import (
     LONG_DEFAULT,
     LONG_MAX,
     ScriptedDriver,
-    TextDelta,
-    Turn,
     long_count,
 )
 from app.schemas import MAX_INT64, MIN_INT64, check_value
 from app.settings import Settings
-from tests.conftest import running_app, test_settings as make_settings
-from tests.helpers import (
-    assert_problem,
-    create_session,
-    list_events,
-    post_message,
-    table_rows,
-    wait_idle,
-)
+from tests.support.api import create_session, list_events, post_message
+from tests.support.database import table_rows
+from tests.support.in_process import running_app
+from tests.support.lanes import make_settings
+from tests.support.problems import assert_problem
+from tests.support.waits import wait_idle
 
 JSON = {"Content-Type": "application/json"}
 HEX32 = "0123456789abcdef0123456789abcdef"
@@ -61,7 +57,13 @@ class Api:
             headers = {**JSON, **(headers or {})}
         response = await asyncio.wait_for(
             self.client.request(
-                method, url, content=content, json=json, params=params, headers=headers
+                method,
+                url,
+                content=content,
+                json=json,
+                params=params,
+                # A bytes value is sent as it is (httpx's types say str).
+                headers=cast(Any, headers),
             ),
             20,
         )
@@ -624,7 +626,8 @@ async def test_long_scenario_with_a_non_ascii_digit_completes_its_turn(
     assert types.count("turn.completed") == 2
     page = (await api.client.get(f"/v1/sessions/{api.sid}/messages")).json()
     reply = page["data"][-1]
-    assert reply["role"] == "agent" and reply["state"] == "done"
+    assert reply["role"] == "agent"
+    assert reply["state"] == "done"
     assert [p["type"] for p in reply["content"]] == ["text"]
     assert reply["content"][0]["text"].count("chunk") == LONG_DEFAULT
 
@@ -634,7 +637,7 @@ async def test_long_scenario_with_a_non_ascii_digit_completes_its_turn(
 
 async def test_a_valid_body_of_every_kind_still_passes(api: Api) -> None:
     """Everything a client may send, at ordinary values, is stored as sent."""
-    body = {
+    body: dict[str, Any] = {
         "message": {
             "content": [
                 {"type": "text", "text": "text"},

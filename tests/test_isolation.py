@@ -18,17 +18,13 @@ from app.db import models
 from app.db.session import Database
 from app.main import create_app
 from app.settings import Settings
-from tests.conftest import running_app, test_settings as make_settings
-from tests.helpers import (
-    Rows,
-    assert_problem,
-    auth,
-    table_rows,
-    text_body,
-    uuid_of,
-    wait_idle,
-)
-from tests.sse_client import parse
+from tests.support.api import auth, text_body, uuid_of
+from tests.support.database import Rows, table_rows
+from tests.support.in_process import running_app
+from tests.support.lanes import make_settings
+from tests.support.problems import assert_problem
+from tests.support.sse import parse
+from tests.support.waits import wait_idle
 
 ORG_A = uuid.UUID(hex="a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0")
 ORG_B = uuid.UUID(hex="b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1")
@@ -478,7 +474,8 @@ async def test_other_organizations_data_is_unchanged_after_write_attempts(
     client = tenants.client
     before = await b_snapshot(tenants.database)
     assert len(before["sessions"]) == 2
-    assert before["messages"] and before["events"]
+    assert before["messages"]
+    assert before["events"]
     b_views_before = []
     for sid in tenants.b_sessions:
         session = await client.get(f"/v1/sessions/{sid}", headers=auth(tenants.key_b))

@@ -1,4 +1,4 @@
-"""Fenced runner leases on PostgreSQL (README "Scale-out on PostgreSQL").
+"""Fenced runner leases on PostgreSQL (docs/deployment.md, "Scale-out on PostgreSQL").
 
 One runner per session holds across lost lease connections, takeovers and database
 restarts: a runner whose lease connection dies stops publishing and writing until it has
@@ -9,7 +9,6 @@ restarted node closes the turns of a dead one at start-up.
 
 import asyncio
 import contextlib
-import os
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -20,13 +19,15 @@ import asyncpg
 import httpx
 import pytest
 
-from app.db.dialect import lease_key
+from app.db.leases import PgLeases, Regain, lease_key
 from app.db.migrate import upgrade
 from app.ids import parse_id
 from app.settings import Settings
-from tests.conftest import ROOT, start_server
-from tests.helpers import create_session, list_events, post_message, server_process
-from tests.sse_client import Frame, SSEReader
+from tests.support.api import create_session, list_events, post_message
+from tests.support.lanes import ROOT
+from tests.support.servers import server_process, start_server
+from tests.support.sse import Frame, SSEReader
+from tests.support.waits import wait_until
 from tests.test_multiprocess import delta_count, two_servers
 
 pytestmark = pytest.mark.postgres_only
@@ -86,8 +87,47 @@ async def agent_message(client: httpx.AsyncClient, sid: str, mid: str) -> Any:
     return response.json()
 
 
+async def test_a_lock_answered_on_a_connection_lost_meanwhile_is_not_held(
+    settings: Settings, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regaining a lease, the lock's answers arrive, and then, before the regain goes
+    on, asyncpg sees the connection close and the lease set is told (the order the
+    event loop may run them in). The lock died with the connection: the lease is not
+    held, and the runner goes on waiting instead of publishing unfenced."""
+    session_id = parse_id("session", await create_session(client, "regain"))
+    leases = PgLeases(settings.database_url, renew_seconds=60)
+    real_fetchval = asyncpg.Connection.fetchval
+    async with admin(settings.database_url) as conn:
+
+        async def killed_after_answering(
+            self: asyncpg.Connection, query: str, *args: Any, **kwargs: Any
+        ) -> Any:
+            value = await real_fetchval(self, query, *args, **kwargs)
+            if query.startswith("SELECT runner_epoch"):
+                await terminate_leases(conn)
+                await wait_until(self.is_closed, "the connection to close", 10, 0.01)
+                await asyncio.sleep(0.05)  # the termination listener's turn
+            return value
+
+        try:
+            assert await leases.try_acquire(session_id)
+            await terminate_leases(conn)
+            await wait_until(
+                lambda: not leases.holds(session_id), "the lease to be lost", 10, 0.01
+            )
+            monkeypatch.setattr(asyncpg.Connection, "fetchval", killed_after_answering)
+            assert await leases.regain(session_id, None) is Regain.BUSY
+            assert not leases.holds(session_id)
+            monkeypatch.undo()
+            # With the connection up, the lease comes back as before.
+            assert await leases.regain(session_id, None) is Regain.HELD
+            assert leases.holds(session_id)
+        finally:
+            await leases.stop()
+
+
 async def test_lost_lease_connections_mid_turn_leave_one_runner_and_the_whole_reply(
-    pg_settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path
 ) -> None:
     """The adversarial trial: the lease connections of both nodes are killed twice in
     one turn, each time for longer than the sweeper's grace. The runner regains its
@@ -96,9 +136,9 @@ async def test_lost_lease_connections_mid_turn_leave_one_runner_and_the_whole_re
     count = 400
     async with (
         two_servers(
-            pg_settings, tmp_path, SCRIPTED_DELAY_MS="10", RUNNER_SWEEP_SECONDS="1"
+            settings, tmp_path, SCRIPTED_DELAY_MS="10", RUNNER_SWEEP_SECONDS="1"
         ) as pair,
-        admin(pg_settings.database_url) as conn,
+        admin(settings.database_url) as conn,
     ):
         sid, sse = await pair.watched_session()
         await pair.start_turn(sid, f"/scenario long {count}")
@@ -127,7 +167,7 @@ async def test_lost_lease_connections_mid_turn_leave_one_runner_and_the_whole_re
 
 
 async def test_a_runner_whose_session_was_taken_over_writes_and_publishes_nothing(
-    pg_settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path
 ) -> None:
     """A takeover while the runner is cut off from its lease: another holder takes the
     lock and claims the session (the runner epoch). The old runner, which is alive and
@@ -135,9 +175,9 @@ async def test_a_runner_whose_session_was_taken_over_writes_and_publishes_nothin
     closed once, as interrupted, by the recovery."""
     async with (
         two_servers(
-            pg_settings, tmp_path, SCRIPTED_DELAY_MS="10", RUNNER_SWEEP_SECONDS="1"
+            settings, tmp_path, SCRIPTED_DELAY_MS="10", RUNNER_SWEEP_SECONDS="1"
         ) as pair,
-        admin(pg_settings.database_url) as conn,
+        admin(settings.database_url) as conn,
     ):
         sid, sse = await pair.watched_session()
         turn_id = (await pair.start_turn(sid, "/scenario long 3000"))["turn_id"]
@@ -187,14 +227,14 @@ async def test_a_runner_whose_session_was_taken_over_writes_and_publishes_nothin
 
 
 async def test_a_restarted_node_closes_a_dead_nodes_turn_at_start_up(
-    pg_settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path
 ) -> None:
     """SIGKILL mid-turn, then a new process: its start-up closes the interrupted turn
     (the lease is free and unrenewed), long before the sweeper's grace of 30 s."""
     env = {"SCRIPTED_DELAY_MS": "10", "RUNNER_SWEEP_SECONDS": "30"}
     async with asyncio.timeout(TEST_DEADLINE):
         first = await asyncio.to_thread(
-            start_server, pg_settings.database_url, tmp_path, **env
+            start_server, settings.database_url, tmp_path, None, **env
         )
         try:
             async with httpx.AsyncClient(base_url=first.url, timeout=10) as client:
@@ -210,7 +250,9 @@ async def test_a_restarted_node_closes_a_dead_nodes_turn_at_start_up(
         # Two renewal periods (1 s each here) pass while the process is down.
         await asyncio.sleep(2.0)
         async with (
-            server_process(pg_settings.database_url, tmp_path, **env) as second,
+            server_process(
+                settings.database_url, tmp_path, kill=False, **env
+            ) as second,
             httpx.AsyncClient(base_url=second.url, timeout=10) as client,
         ):
             session = (await client.get(f"/v1/sessions/{sid}")).json()
@@ -249,8 +291,6 @@ async def test_a_database_restart_under_two_nodes_resumes_the_turn(
     """PostgreSQL (a cluster of the test's own) restarts mid-turn under two nodes: the
     runner regains its lease, retries its checkpoint once the database is back, and
     the turn completes with the whole reply; nobody fails or takes it over."""
-    if not os.environ.get("TEST_DATABASE_URL"):
-        pytest.skip("needs PostgreSQL (set TEST_DATABASE_URL)")
     count = 600
     cluster = throwaway_cluster()
     await asyncio.to_thread(cluster.init)

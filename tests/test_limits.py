@@ -17,18 +17,13 @@ from app.auth import create_key
 from app.db.session import Database
 from app.main import create_app
 from app.settings import Settings
-from tests.conftest import running_app, test_settings as make_settings
-from tests.helpers import (
-    assert_problem,
-    assert_too_many,
-    auth,
-    create_session,
-    post_message,
-    start_own_server,
-    table_rows,
-    text_body,
-    wait_idle,
-)
+from tests.support.api import auth, create_session, post_message, text_body
+from tests.support.database import table_rows
+from tests.support.in_process import running_app
+from tests.support.lanes import make_settings
+from tests.support.problems import assert_problem, assert_too_many
+from tests.support.servers import start_own_server
+from tests.support.waits import wait_idle
 
 MAX_BODY = 4096
 MAX_PARTS = 3
@@ -95,7 +90,8 @@ def assert_refused(
     """A problem+json refusal that says what was refused (`detail`) and where
     (`instance`)."""
     body = assert_problem(response, status, code=code)
-    assert "detail" in body and "instance" in body, response.text
+    assert "detail" in body, response.text
+    assert "instance" in body, response.text
     return body
 
 

@@ -11,31 +11,30 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import Running
-from tests.helpers import (
+from tests.support.api import (
     TOOL_TURN_EVENTS,
     TURN_EVENTS,
-    api_fixture,
     create_session,
-    frame_names,
     list_events,
     list_messages,
-    live_server_fixture,
     post_message,
     uuid_of,
-    wait_idle,
 )
-from tests.sse_client import (
+from tests.support.in_process import Running
+from tests.support.servers import api_fixture, live_server_fixture
+from tests.support.sse import (
     DELTA,
     Frame,
     agent_done,
     durable,
     events,
     expect_connected,
+    frame_names,
     is_idled,
     open_stream,
     session_streams,
 )
+from tests.support.waits import wait_idle
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 

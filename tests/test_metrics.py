@@ -10,17 +10,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import LANES, free_port
-from tests.helpers import (
-    assert_problem,
-    auth,
-    create_cli_key,
-    create_session,
-    lane_database_url,
-    post_message,
-    server_process,
-    wait_idle,
-)
+from tests.support.api import auth, create_session, post_message
+from tests.support.cli import create_cli_key
+from tests.support.lanes import LANES, lane_database_url
+from tests.support.problems import assert_problem
+from tests.support.servers import free_port, server_process
+from tests.support.waits import wait_idle
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -70,6 +65,10 @@ async def test_metrics_count_requests_turns_and_checkpoints_without_a_key(
         answer = answers[-1]
         assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")
         parsed = families(answer.text)
+        # One HELP and TYPE per family: Prometheus drops a whole scrape that repeats one.
+        lines = answer.text.splitlines()
+        helps = [line.split()[2] for line in lines if line.startswith("# HELP")]
+        assert len(helps) == len(set(helps)), sorted(helps)
 
     http = parsed["evermirror_http_request_duration_seconds"]
     assert http.type == "histogram"

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from app.db.base import Base
 from app.db.migrate import alembic_config, downgrade, upgrade
 from app.settings import normalize_database_url
-from tests.conftest import LANES, PG_URL
+from tests.support.lanes import LANES, PG_URL
 
 APP_TABLES = {"sessions", "events", "messages", "api_keys", "composer_summaries"}
 

@@ -17,18 +17,17 @@ import httpx
 import pytest
 
 from app.settings import Settings
-from tests.conftest import Server
-from tests.helpers import (
+from tests.support.api import (
     TURN_EVENTS,
     create_session,
     get_session,
     list_events,
     list_messages,
     post_message,
-    server_process,
     text_of,
 )
-from tests.sse_client import Frame, SSEReader, durable, merge_snapshots
+from tests.support.servers import Server, server_process
+from tests.support.sse import Frame, SSEReader, durable, merge_snapshots
 
 pytestmark = pytest.mark.postgres_only
 
@@ -104,7 +103,8 @@ async def assert_stopped(
     agent = response.json()
     assert agent["state"] == "done"
     kinds = [p["type"] for p in agent["content"]]
-    assert kinds[-1] == "error" and set(kinds[:-1]) <= {"text"}, kinds
+    assert kinds[-1] == "error", kinds
+    assert set(kinds[:-1]) <= {"text"}, kinds
     assert agent["content"][-1]["code"] == code
     assert (await get_session(client, sid))["status"] == "idle"
 
@@ -113,9 +113,9 @@ async def assert_stopped(
 
 
 async def test_turn_run_by_a_streams_to_clients_of_b(
-    pg_settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path
 ) -> None:
-    async with two_servers(pg_settings, tmp_path, SCRIPTED_DELAY_MS="20") as pair:
+    async with two_servers(settings, tmp_path, SCRIPTED_DELAY_MS="20") as pair:
         sid, sse = await pair.watched_session()
         mutations = await pair.watch(f"/v1/sessions/{sid}/messages/stream?after=0")
 
@@ -209,9 +209,9 @@ async def test_turn_run_by_a_streams_to_clients_of_b(
 
 
 async def test_cancel_sent_to_b_stops_a_turn_running_on_a(
-    pg_settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path
 ) -> None:
-    async with two_servers(pg_settings, tmp_path, SCRIPTED_DELAY_MS="20") as pair:
+    async with two_servers(settings, tmp_path, SCRIPTED_DELAY_MS="20") as pair:
         sid, sse = await pair.watched_session()
         turn_id = (await pair.start_turn(sid, "/scenario long 500"))["turn_id"]
         await sse.wait_for(lambda f: delta_count(f) >= 10, "deltas flowing on B")
@@ -258,9 +258,9 @@ async def test_cancel_sent_to_b_stops_a_turn_running_on_a(
 
 
 async def test_steering_message_posted_to_b_joins_the_turn_on_a(
-    pg_settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path
 ) -> None:
-    async with two_servers(pg_settings, tmp_path, SCRIPTED_DELAY_MS="20") as pair:
+    async with two_servers(settings, tmp_path, SCRIPTED_DELAY_MS="20") as pair:
         sid, sse = await pair.watched_session()
         posted = await pair.start_turn(sid, "/scenario long 80")
         turn_id = posted["turn_id"]
@@ -299,10 +299,10 @@ async def test_steering_message_posted_to_b_joins_the_turn_on_a(
 
 
 async def test_b_recovers_a_turn_when_a_is_killed(
-    pg_settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path
 ) -> None:
     async with two_servers(
-        pg_settings, tmp_path, SCRIPTED_DELAY_MS="20", RUNNER_SWEEP_SECONDS="1"
+        settings, tmp_path, SCRIPTED_DELAY_MS="20", RUNNER_SWEEP_SECONDS="1"
     ) as pair:
         sid, sse = await pair.watched_session()
         turn_id = (await pair.start_turn(sid, "/scenario long 500"))["turn_id"]

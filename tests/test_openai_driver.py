@@ -1,8 +1,9 @@
 """MODEL_DRIVER=openai end to end: a real server process talks, through the real `openai`
 client over real HTTP, to a local server speaking the Chat Completions streaming
-protocol (tests/fake_openai.py). Nothing inside the service is mocked: the tests drive
-it over HTTP and read what it stored, streamed and sent to the model."""
+protocol (tests/support/fake_openai.py). Nothing inside the service is mocked: the
+tests drive it over HTTP and read what it stored, streamed and sent to the model."""
 
+import asyncio
 import json
 import os
 import subprocess
@@ -15,30 +16,44 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ROOT, Server, free_port
-from tests.fake_openai import FakeOpenAI, fake_openai_fixture
-from tests.helpers import (
+from app.runner.drivers.openai import token_count
+from tests.support.api import list_events, list_messages, post_message
+from tests.support.fake_openai import FakeOpenAI, fake_openai_fixture
+from tests.support.lanes import ROOT
+from tests.support.servers import (
+    Server,
     api_fixture,
-    list_events,
-    list_messages,
+    bound_socket,
+    free_port,
     live_server_fixture,
-    post_message,
-    wait_idle,
-    wait_until,
+    start_server,
 )
-from tests.sse_client import SSEReader
+from tests.support.sse import SSEReader
+from tests.support.waits import wait_idle, wait_until
 
-FAKE_PORT = free_port()
+FAKE_SOCKET = bound_socket()
+FAKE_PORT = FAKE_SOCKET.getsockname()[1]
 SYSTEM_PROMPT = "You are terse. <b>Answer</b> in one line."
 # Recorded where a transcript of the tool turn is wanted (the closing note's).
 TRANSCRIPT = os.environ.get("OPENAI_TRANSCRIPT")
 
+PROVIDER = {
+    "MODEL_DRIVER": "openai",
+    "OPENAI_BASE_URL": f"http://127.0.0.1:{FAKE_PORT}/v1",
+    "OPENAI_API_KEY": "sk-test-key",
+    "OPENAI_MODEL": "fake-model",
+}
+# A session's own tool of the demo tool's name.
+OWN_LOOKUP = {
+    "name": "lookup",
+    "description": "The caller's own.",
+    "parameters": {"type": "object"},
+}
+# The fake's tool scenarios call the demo tool `lookup`: offered here on purpose.
 live_server = live_server_fixture(
     "openai-driver",
-    MODEL_DRIVER="openai",
-    OPENAI_BASE_URL=f"http://127.0.0.1:{FAKE_PORT}/v1",
-    OPENAI_API_KEY="sk-test-key",
-    OPENAI_MODEL="fake-model",
+    **PROVIDER,
+    DEMO_TOOLS="true",
     MODEL_CONTEXT_TOKENS="8192",
     MODEL_TIMEOUT_SECONDS="5",
     MODEL_MAX_RETRIES="2",
@@ -46,7 +61,7 @@ live_server = live_server_fixture(
 )
 
 
-fake = fake_openai_fixture(FAKE_PORT)
+fake = fake_openai_fixture(FAKE_SOCKET)
 api = api_fixture()
 
 
@@ -263,7 +278,8 @@ async def test_two_tool_calls_a_retry_and_usage(
     assert json.loads(second[-2]["content"]) == {"query": "Lisbon", "answer": 42}
 
     types = [e["type"] for e in events]
-    assert types.count("tool.started") == 2 and types.count("tool.completed") == 2
+    assert types.count("tool.started") == 2
+    assert types.count("tool.completed") == 2
     completed = next(e for e in events if e["type"] == "turn.completed")["data"]
     assert completed["iterations"] == 2
     assert completed["tool_call_count"] == 2
@@ -281,10 +297,12 @@ async def test_arguments_that_are_not_json_fail_the_tool_and_the_turn_goes_on(
     _, messages, events = await run(api, text)
     agent = messages[1]
     call, result, answer = agent["content"]
-    assert call["type"] == "tool_call" and call["status"] == "failed"
+    assert call["type"] == "tool_call"
+    assert call["status"] == "failed"
     assert call["arguments"] == {}
     assert "not valid JSON" in call["error"]
-    assert result["type"] == "tool_result" and result["tool_call_id"] == "call_bad"
+    assert result["type"] == "tool_result"
+    assert result["tool_call_id"] == "call_bad"
     assert "not valid JSON" in result["error"]
     assert answer["text"] == "Sorry, my mistake."
     types = [e["type"] for e in events]
@@ -370,11 +388,13 @@ async def test_final_failure_closes_the_message_with_the_providers_status(
     ]
     messages = (await list_messages(api, sid))["data"]
     (error,) = messages[1]["content"]
-    assert error["type"] == "error" and error["code"] == "model_error"
+    assert error["type"] == "error"
+    assert error["code"] == "model_error"
     assert "500" in error["message"]
     events = await list_events(api, sid)
     failed = next(e for e in events if e["type"] == "turn.failed")["data"]
-    assert failed["error_code"] == "model_error" and "500" in failed["error"]
+    assert failed["error_code"] == "model_error"
+    assert "500" in failed["error"]
 
 
 async def test_a_401_is_not_retried(api: httpx.AsyncClient, fake: FakeOpenAI) -> None:
@@ -487,3 +507,79 @@ async def test_a_cancelled_turn_reports_the_usage_of_its_committed_steps(
     }
     session = (await api.get(f"/v1/sessions/{sid}")).json()
     assert session["usage"] == cancelled["usage"]
+
+
+async def test_tool_calls_that_cannot_be_stored_as_sent_are_made_storable(
+    api: httpx.AsyncClient,
+) -> None:
+    """A lone surrogate in the arguments fails that call (its arguments are not JSON
+    that can be stored); an integer past 64 bits is read as a number; one id twice and
+    an integer id become ids every call can be answered by. The turn completes (it
+    used to stop publishing, and on SQLite leave the session active for good)."""
+    text = nonce("hostile")
+    _, messages, events = await run(api, text)
+    calls = [p for p in messages[1]["content"] if p["type"] == "tool_call"]
+    assert len(calls) == 3
+    lone, huge, numbered = calls
+    assert lone["status"] == "failed"
+    assert "not valid JSON" in lone["error"]
+    assert huge["status"] != "failed"
+    assert huge["arguments"]["query"] == 1.2345678901234568e29
+    assert numbered["id"] == "7"
+    ids = [call["id"] for call in calls]
+    assert len(set(ids)) == 3, ids
+    assert ids[0] == "dup"
+    assert messages[1]["content"][-1]["text"] == "Handled."
+    assert [e["type"] for e in events][-2] == "turn.completed"
+
+
+async def test_a_chunk_of_the_wrong_shape_is_a_provider_failure_tried_again(
+    api: httpx.AsyncClient, fake: FakeOpenAI
+) -> None:
+    text = nonce("badtypes")
+    _, messages, events = await run(api, text)
+    assert [r.attempt for r in fake.for_text(text)] == [1, 2]
+    assert messages[1]["content"][0]["text"] == "Hello from the fake model."
+    assert [e["type"] for e in events][-2] == "turn.completed"
+
+
+def test_token_counts_out_of_range_are_not_counted() -> None:
+    assert token_count(12) == 12
+    assert token_count(2.0) == 2
+    for nonsense in (10**30, 1e29, -5, True, "7", None):
+        assert token_count(nonsense) == 0
+
+
+async def test_a_real_model_is_offered_the_sessions_tools_only(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    """Without DEMO_TOOLS, a model of the openai driver is offered no demo tool, and a
+    session may have a tool of the demo tool's name (it is the only one offered)."""
+    database_url = f"sqlite+aiosqlite:///{tmp_path / 'plain.db'}"
+    server = await asyncio.to_thread(
+        start_server, database_url, tmp_path, None, **PROVIDER
+    )
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            plain = nonce("hello")
+            await run(client, plain)
+            assert "tools" not in fake.for_text(plain)[0].body
+            declared = nonce("hello")
+            await run(client, declared, tools=[OWN_LOOKUP])
+            offered = fake.for_text(declared)[0].body["tools"]
+            assert [t["function"]["description"] for t in offered] == [
+                "The caller's own."
+            ]
+    finally:
+        server.stop()
+
+
+async def test_a_session_tool_of_the_demo_tools_name_is_offered_once(
+    api: httpx.AsyncClient, fake: FakeOpenAI
+) -> None:
+    """With DEMO_TOOLS, a session's own `lookup` is its declaration of that name: the
+    model gets one function of the name, the session's."""
+    text = nonce("hello")
+    await run(api, text, tools=[OWN_LOOKUP])
+    offered = fake.for_text(text)[0].body["tools"]
+    assert [t["function"]["description"] for t in offered] == ["The caller's own."]

@@ -6,17 +6,13 @@ import uuid
 
 import httpx
 
-from tests.conftest import free_port
-from tests.fake_openai import FakeOpenAI, fake_openai_fixture
-from tests.helpers import (
-    api_fixture,
-    list_messages,
-    live_server_fixture,
-    post_message,
-    wait_idle,
-)
+from tests.support.api import list_messages, post_message
+from tests.support.fake_openai import FakeOpenAI, fake_openai_fixture
+from tests.support.servers import api_fixture, bound_socket, live_server_fixture
+from tests.support.waits import wait_idle
 
-FAKE_PORT = free_port()
+FAKE_SOCKET = bound_socket()
+FAKE_PORT = FAKE_SOCKET.getsockname()[1]
 
 live_server = live_server_fixture(
     "openai-summaries",
@@ -28,7 +24,7 @@ live_server = live_server_fixture(
 )
 
 
-fake = fake_openai_fixture(FAKE_PORT)
+fake = fake_openai_fixture(FAKE_SOCKET)
 api = api_fixture()
 
 
@@ -54,7 +50,8 @@ async def test_old_history_is_replaced_by_the_models_summary(
     ]
     assert len(plain) == 1, "one summary request"
     asked = plain[0].body["messages"]
-    assert asked[-1]["role"] == "user" and asked[-1]["content"].startswith("Summarize")
+    assert asked[-1]["role"] == "user"
+    assert asked[-1]["content"].startswith("Summarize")
     assert any(m.get("content") == first for m in asked)
 
     (request,) = fake.for_text(second)

@@ -4,7 +4,6 @@
 import asyncio
 import difflib
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,8 @@ import pytest
 
 from app.main import create_app
 from app.settings import Settings
-from tests.conftest import Server
+from tests.support.servers import Server
+from tests.support.waits import wait_idle
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "openapi" / "openapi.json"
@@ -129,13 +129,6 @@ def test_documented_errors_are_the_problem_details_we_send(tmp_path: Path) -> No
 # ---- /api/v1 answers as /v1 does --------------------------------------------------
 
 
-async def settle(http: httpx.AsyncClient, session_id: str) -> None:
-    deadline = time.monotonic() + 30
-    while (await http.get(f"/v1/sessions/{session_id}")).json()["status"] != "idle":
-        assert time.monotonic() < deadline, "the turn did not finish"
-        await asyncio.sleep(0.05)
-
-
 def as_api(url: str) -> str:
     head, sep, tail = url.partition("/v1/")
     assert sep, url
@@ -181,7 +174,7 @@ async def test_api_prefix_answers_as_v1(server: Server) -> None:
         )
         assert posted.status_code == 201, posted.text
         assert posted.json()["delivery"] == "started"
-        await settle(http, sid)
+        await wait_idle(http, sid, 30)
         message_id = posted.json()["id"]
 
         patched = {}

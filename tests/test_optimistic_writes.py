@@ -14,25 +14,25 @@ import pytest
 from sqlalchemy import text
 
 from app.db.batch import CheckpointBatcher
+from app.db.rows import LockedSession, SessionChanged, SessionHeads
 from app.db.session import Database
-from app.db.writes import LockedSession, SessionChanged, SessionHeads
 from app.errors import SessionNotFound
 from app.ids import DEFAULT_ORG_ID
+from app.journal import checkpoint
+from app.journal.sessions import lock_session
 from app.live.bus import decode, encode
 from app.live.items import Wakeup
-from app.messages import checkpoint, schemas, service
+from app.messages import schemas, service
 from app.sessions import service as sessions_service
 from app.settings import Settings
-from tests.conftest import Running
-from tests.helpers import new_session_row
+from tests.support.database import new_session_row
+from tests.support.in_process import Running
 
 
 @pytest.fixture
 async def handles(running: Running, settings: Settings) -> Any:
     """Two handles on the migrated database, as two processes would hold them (each
     its own heads), without a bus or runner: nothing writes but the test."""
-    if not settings.database_url.startswith("postgresql"):
-        pytest.skip("needs PostgreSQL (set TEST_DATABASE_URL)")
     first, second = Database.from_settings(settings), Database.from_settings(settings)
     yield first, second
     await first.dispose()
@@ -105,6 +105,7 @@ def head(handle: Database, session_id: uuid.UUID) -> LockedSession | None:
     return handle.heads.get(session_id)
 
 
+@pytest.mark.postgres_only
 async def test_a_steering_message_is_one_statement_on_the_head_it_assumes(
     handles: tuple[Database, Database], optimistic: list[str]
 ) -> None:
@@ -114,13 +115,15 @@ async def test_a_steering_message_is_one_statement_on_the_head_it_assumes(
     assert started["delivery"] == "started"
     # The unit that started the turn left the head of what it wrote.
     known = head(first, sid)
-    assert known is not None and known.active_turn_id is not None
+    assert known is not None
+    assert known.active_turn_id is not None
     steered = await post(first, sid, "steer")
     assert steered["delivery"] == "steered"
     assert optimistic == ["written"]
     assert steered["sequence"] == known.last_sequence + 1
     after = head(first, sid)
-    assert after is not None and after.last_sequence == steered["sequence"]
+    assert after is not None
+    assert after.last_sequence == steered["sequence"]
     assert after.last_input_sequence == steered["sequence"]
     row = await stored(first, sid)
     assert row["events"] == list(range(1, row["last_sequence"] + 1))
@@ -128,6 +131,7 @@ async def test_a_steering_message_is_one_statement_on_the_head_it_assumes(
     assert row["visible"] == 2
 
 
+@pytest.mark.postgres_only
 async def test_a_write_by_another_process_makes_the_head_stale_and_is_kept(
     handles: tuple[Database, Database], optimistic: list[str]
 ) -> None:
@@ -144,16 +148,19 @@ async def test_a_write_by_another_process_makes_the_head_stale_and_is_kept(
     assert mine["delivery"] == "steered"
     # Assumed, refused, written again locking.
     assert optimistic == ["changed"]
-    assert stale is not None and mine["sequence"] == other["sequence"] + 1
+    assert stale is not None
+    assert mine["sequence"] == other["sequence"] + 1
     row = await stored(first, sid)
     # Dense, nothing lost and nothing written twice.
     assert row["events"] == list(range(1, row["last_sequence"] + 1))
     assert row["visible"] == 4
     assert row["last_input_sequence"] == mine["sequence"]
     refreshed = head(first, sid)
-    assert refreshed is not None and refreshed.last_sequence == mine["sequence"]
+    assert refreshed is not None
+    assert refreshed.last_sequence == mine["sequence"]
 
 
+@pytest.mark.postgres_only
 async def test_a_cancel_request_made_elsewhere_is_not_written_over(
     handles: tuple[Database, Database], optimistic: list[str]
 ) -> None:
@@ -175,6 +182,7 @@ async def test_a_cancel_request_made_elsewhere_is_not_written_over(
     assert requested is not None
 
 
+@pytest.mark.postgres_only
 async def test_a_repeated_client_message_id_is_answered_as_a_duplicate(
     handles: tuple[Database, Database], optimistic: list[str]
 ) -> None:
@@ -192,6 +200,7 @@ async def test_a_repeated_client_message_id_is_answered_as_a_duplicate(
     assert row["events"] == list(range(1, row["last_sequence"] + 1))
 
 
+@pytest.mark.postgres_only
 async def test_a_session_deleted_elsewhere_is_not_found(
     handles: tuple[Database, Database],
 ) -> None:
@@ -209,6 +218,7 @@ async def test_a_session_deleted_elsewhere_is_not_found(
     assert head(first, sid) is None
 
 
+@pytest.mark.postgres_only
 async def test_another_organization_never_writes_through_a_head(
     handles: tuple[Database, Database],
 ) -> None:
@@ -248,17 +258,20 @@ def test_heads_are_bounded_and_keep_the_newest() -> None:
     heads.put(at(ids[0], 5))
     heads.put(at(ids[0], 3))  # an older commit published late
     held = heads.get(ids[0])
-    assert held is not None and held.last_sequence == 5
+    assert held is not None
+    assert held.last_sequence == 5
     heads.put(at(ids[1], 1))
     heads.put(at(ids[2], 1))
     assert heads.get(ids[0]) is None  # the least recently written went first
-    assert heads.get(ids[1]) is not None and heads.get(ids[2]) is not None
+    assert heads.get(ids[1]) is not None
+    assert heads.get(ids[2]) is not None
     # A copy: a unit changing what it got does not change the head.
     copy = heads.get(ids[1])
     assert copy is not None
     copy.last_sequence = 99
     again = heads.get(ids[1])
-    assert again is not None and again.last_sequence == 1
+    assert again is not None
+    assert again.last_sequence == 1
 
 
 def test_wakeups_say_whether_they_only_carry_input() -> None:
@@ -267,6 +280,7 @@ def test_wakeups_say_whether_they_only_carry_input() -> None:
         assert decode(encode(item)) == item
 
 
+@pytest.mark.postgres_only
 async def test_concurrent_writers_of_two_processes_share_batches_and_lose_nothing(
     handles: tuple[Database, Database], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -306,6 +320,7 @@ async def test_concurrent_writers_of_two_processes_share_batches_and_lose_nothin
         assert row["last_input_sequence"] == max(mine)
 
 
+@pytest.mark.postgres_only
 async def test_a_unit_that_does_more_locks_the_row_it_assumed(
     handles: tuple[Database, Database], optimistic: list[str]
 ) -> None:
@@ -315,7 +330,7 @@ async def test_a_unit_that_does_more_locks_the_row_it_assumed(
     first, second = handles
 
     async def steer_then_read(db: Any) -> int:
-        session = await sessions_service.lock_session(db, sid)
+        session = await lock_session(db, sid)
         assert session is not None
         written, _ = await checkpoint.append_user_message(
             db,
@@ -329,7 +344,8 @@ async def test_a_unit_that_does_more_locks_the_row_it_assumed(
         assert written.message is not None
         stored = await db.message(written.message.id)
         assert stored is not None
-        return stored.sequence
+        sequence: int = stored.sequence
+        return sequence
 
     sid = await new_session_row(first)
     await post(first, sid, "start")

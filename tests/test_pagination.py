@@ -13,10 +13,11 @@ from typing import Any
 import httpx
 
 from app.ids import format_id, parse_id, uuid7
-from app.messages import checkpoint
-from app.sessions import service as sessions_service
-from tests.conftest import Running
-from tests.helpers import create_session, list_events, post_message, wait_idle
+from app.journal import checkpoint
+from app.journal.sessions import lock_session
+from tests.support.api import create_session, list_events, post_message
+from tests.support.in_process import Running
+from tests.support.waits import wait_idle
 
 VISIBLE = 130
 INTERNAL = 12
@@ -55,7 +56,7 @@ async def seed(running: Running, session_id: str, plan: Sequence[str]) -> list[S
     sid = parse_id("session", session_id)
     seeded: list[Seeded] = []
     async with database.write() as db:
-        session = await sessions_service.lock_session(db, sid)
+        session = await lock_session(db, sid)
         assert session is not None
         turn_id = uuid7()
         for index, kind in enumerate(plan):
@@ -242,7 +243,8 @@ async def test_include_internal_changes_data_and_total(running: Running) -> None
     assert not internal_ids & {m["id"] for m in hidden["data"]}
     assert internal_ids <= {m["id"] for m in shown["data"]}
     assert {m["visibility"] for m in shown["data"]} == {"visible", "internal"}
-    assert hidden["has_more"] is False and shown["has_more"] is False
+    assert hidden["has_more"] is False
+    assert shown["has_more"] is False
     assert hidden["cursor"] == shown["cursor"]
 
     # The newest page of the same size ends at the same message but reaches less far

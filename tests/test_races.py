@@ -9,8 +9,9 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
-from tests.conftest import Server
-from tests.helpers import assert_problem, create_session, text_body
+from tests.support.api import create_session, text_body
+from tests.support.problems import assert_problem
+from tests.support.servers import Server
 
 PAIRS = 40
 TIMEOUT = httpx.Timeout(60.0)

@@ -24,16 +24,12 @@ from app.auth import KeyResolver, create_key
 from app.db.session import Database
 from app.main import create_app
 from app.settings import Settings
-from tests.conftest import ROOT, free_port, test_settings as make_settings
-from tests.helpers import (
-    assert_problem,
-    assert_too_many,
-    auth,
-    create_cli_key,
-    run_cli,
-    server_process,
-    wait_until,
-)
+from tests.support.api import auth
+from tests.support.cli import create_cli_key, run_cli
+from tests.support.lanes import ROOT, make_settings
+from tests.support.problems import assert_problem, assert_too_many
+from tests.support.servers import free_port, server_process
+from tests.support.waits import wait_until
 
 ORG = uuid.UUID(hex="33333333333333333333333333333333")
 ORG_WIRE = "org_" + ORG.hex
@@ -259,11 +255,17 @@ async def test_x_forwarded_for_is_ignored_unless_from_a_trusted_proxy(
 ) -> None:
     limits = {"RATE_LIMIT_PER_SECOND": "0.01", "RATE_LIMIT_BURST": "3"}
     rotating = [f"203.0.113.{i}" for i in range(1, 6)]
-    async with server_process(settings.database_url, tmp_path, **limits) as server:
+    async with server_process(
+        settings.database_url, tmp_path, kill=False, **limits
+    ) as server:
         # Loopback is no proxy by default: a rotating header buys nothing.
         assert await forwarded_statuses(server.url, rotating) == [200] * 3 + [429] * 2
     async with server_process(
-        settings.database_url, tmp_path, TRUSTED_PROXIES="127.0.0.1/32", **limits
+        settings.database_url,
+        tmp_path,
+        kill=False,
+        TRUSTED_PROXIES="127.0.0.1/32",
+        **limits,
     ) as server:
         # From a trusted proxy the forwarded client counts, each on its own.
         assert await forwarded_statuses(server.url, rotating) == [200] * 5
@@ -298,26 +300,35 @@ async def test_an_invalid_trusted_proxy_setting_is_refused(settings: Settings) -
 
 
 def serve_workers(database_url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--workers", "2", "--port", str(port)],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "DATABASE_URL": database_url,
-            "LOG_LEVEL": "info",
-            "RATE_LIMIT_PER_SECOND": "0.01",
-            "RATE_LIMIT_BURST": "4",
-        },
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
+    with log.open("wb") as sink:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "app",
+                "serve",
+                "--workers",
+                "2",
+                "--port",
+                str(port),
+            ],
+            cwd=ROOT,
+            env={
+                **os.environ,
+                "DATABASE_URL": database_url,
+                "LOG_LEVEL": "info",
+                "RATE_LIMIT_PER_SECOND": "0.01",
+                "RATE_LIMIT_BURST": "4",
+            },
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
 
 
+@pytest.mark.postgres_only(reason="workers need PostgreSQL")
 async def test_workers_share_one_budget(settings: Settings, tmp_path: Path) -> None:
     """`--workers 2` grants each worker half of the budget: however the connections
     spread over them, a client gets no more than the configured burst."""
-    if not settings.database_url.startswith("postgresql"):
-        pytest.skip("workers need PostgreSQL")
     key = await create_cli_key(settings.database_url, ORG_WIRE)
     port = free_port()
     log = tmp_path / "workers.log"

@@ -18,8 +18,9 @@ from app.db.session import Database
 from app.ids import DEFAULT_ORG_ID
 from app.ops.ready import CHECK_TIMEOUT_SECONDS
 from app.settings import Settings
-from tests.conftest import Running, running_app, test_settings as make_settings
-from tests.helpers import assert_problem
+from tests.support.in_process import Running, running_app
+from tests.support.lanes import make_settings
+from tests.support.problems import assert_problem
 
 READY = {"database": "ok", "migrations": "ok", "bus": "ok"}
 
@@ -79,12 +80,13 @@ async def test_ready_is_503_while_the_schema_is_not_this_releases(
     assert response.status_code == 200, response.text
 
 
+@pytest.mark.postgres_only
 async def test_ready_is_503_in_bounded_time_when_the_database_hangs(
-    running: Running, pg_settings: Settings
+    running: Running, settings: Settings
 ) -> None:
     """A table lock stands in for a database that stopped answering: the probe says
     so within its bound instead of hanging, and recovers with the database."""
-    engine = create_async_engine(pg_settings.database_url)
+    engine = create_async_engine(settings.database_url)
     try:
         async with engine.connect() as holder:
             await holder.execute(text("BEGIN"))

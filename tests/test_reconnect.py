@@ -20,30 +20,22 @@ from sqlalchemy import select
 
 from app.db import models
 from app.db.session import Database
+from app.journal import checkpoint
+from app.journal.sessions import lock_session
 from app.live.streams import StreamConfig, message_mutations
-from app.messages import checkpoint
-from app.sessions import service as sessions_service
 from app.settings import Settings
-from tests.conftest import Running, Server
-from tests.helpers import (
+from tests.support.api import (
     ASTRAL_TEXT,
-    api_fixture,
     create_session,
     list_messages,
-    live_server_fixture,
     post_message,
     utf16_units,
     uuid_of,
-    wait_idle,
-    wait_until,
 )
-from tests.sse_client import (
-    Frame,
-    SSEStream,
-    expect_connected,
-    is_delta,
-    open_stream,
-)
+from tests.support.in_process import Running
+from tests.support.servers import Server, api_fixture, live_server_fixture
+from tests.support.sse import Frame, SSEStream, expect_connected, is_delta, open_stream
+from tests.support.waits import wait_idle, wait_until
 
 # The astral text is echoed one delta a word: offsets in UTF-16 code units, as a
 # browser counts them.
@@ -549,7 +541,7 @@ async def test_checkpoint_committed_after_subscribing_is_delivered(
         # Subscribe: the stream registers and says so (its `retry:` comes before any
         # read), then waits for a connection.
         assert await asyncio.wait_for(anext(stream), 3) == b"retry: 100\n\n"
-        first = asyncio.create_task(anext(stream))
+        first = asyncio.ensure_future(anext(stream))
         await wait_until(
             lambda: state.fanout.count(session_uuid) > 0,
             "the stream to subscribe",
@@ -568,7 +560,7 @@ async def test_checkpoint_committed_after_subscribing_is_delivered(
         assert list(snapshot) == []
         # A message commits after the client's snapshot.
         async with other.write() as db:
-            session = await sessions_service.lock_session(db, session_uuid)
+            session = await lock_session(db, session_uuid)
             assert session is not None
             committed, _ = await checkpoint.append_user_message(
                 db,

@@ -5,6 +5,7 @@ streams; deleting a session ends its streams; each ended stream frees its slot. 
 `keys revoke` takes only a whole key id or a whole key."""
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -15,17 +16,13 @@ import pytest
 
 from app.db.session import Database
 from app.settings import Settings
-from tests.helpers import (
-    assert_problem,
-    assert_too_many,
-    auth,
-    create_cli_key,
-    create_session,
-    run_cli,
-    server_process,
-    table_rows,
-)
-from tests.sse_client import SSEStream, expect_connected, open_stream
+from tests.support.api import auth, create_session, text_body
+from tests.support.cli import create_cli_key, run_cli
+from tests.support.database import table_rows
+from tests.support.problems import assert_problem, assert_too_many
+from tests.support.servers import server_process
+from tests.support.sse import SSEStream, expect_connected, open_stream
+from tests.support.waits import wait_until
 
 ORG = "org_" + "c3" * 16
 # A stream must end within this of the change that ends it.
@@ -157,6 +154,61 @@ async def test_revoking_a_key_fails_its_next_request_and_ends_its_streams(
                 pass
 
 
+async def test_revoking_a_key_ends_its_open_waits(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A `?wait=true` of a key revoked mid-wait answers 401 within a second of the
+    command, not the turn (which goes on); another key's wait is untouched."""
+    url = settings.database_url
+    doomed = await create_cli_key(url, ORG, "doomed")
+    kept = await create_cli_key(url, ORG, "kept")
+    async with (
+        asyncio.timeout(90),
+        server_process(url, tmp_path, SCRIPTED_DELAY_MS="5") as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+    ):
+        waits = {}
+        for key in (doomed, kept):
+            session_id = await create_session(client, "waits", headers=auth(key))
+            waits[key] = (
+                session_id,
+                asyncio.create_task(
+                    client.post(
+                        f"/v1/sessions/{session_id}/messages",
+                        params={"wait": "true", "timeout_ms": "60000"},
+                        json=text_body("/scenario long 100000"),
+                        headers=auth(key),
+                    )
+                ),
+            )
+            await wait_until(
+                functools.partial(session_status, client, session_id, kept, "active"),
+                "a turn",
+            )
+        result = await run_cli(url, "keys", "revoke", doomed)
+        assert result.returncode == 0, result.stderr
+        revoked_at = time.monotonic()
+        answer = await asyncio.wait_for(waits[doomed][1], WITHIN + 5)
+        assert assert_problem(answer, 401)["code"] == "unauthorized"
+        assert time.monotonic() - revoked_at < WITHIN + 0.5
+        # The turns go on, and the other key's wait with its own.
+        kept_wait = waits[kept][1]
+        assert not kept_wait.done()
+        for session_id, _ in waits.values():
+            assert await session_status(client, session_id, kept, "active")
+            await client.post(f"/v1/sessions/{session_id}/cancel", headers=auth(kept))
+        answer = await asyncio.wait_for(kept_wait, 20)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["error"]["code"] == "cancelled_by_user"
+
+
+async def session_status(
+    client: httpx.AsyncClient, session_id: str, key: str, status: str
+) -> bool:
+    response = await client.get(f"/v1/sessions/{session_id}", headers=auth(key))
+    return bool(response.json()["status"] == status)
+
+
 async def test_the_first_key_ends_the_streams_opened_in_open_mode(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -216,12 +268,10 @@ async def test_deleting_a_session_ends_its_streams_and_frees_their_slots(
         await assert_deleting_ends_streams(client, client)
 
 
-@pytest.mark.postgres_only
+@pytest.mark.postgres_only(reason="two processes need PostgreSQL")
 async def test_deleting_on_one_process_ends_streams_on_another(
     settings: Settings, tmp_path: Path
 ) -> None:
-    if not settings.database_url.startswith("postgresql"):
-        pytest.skip("two processes need PostgreSQL")
     async with (
         asyncio.timeout(90),
         server_process(settings.database_url, tmp_path) as a,

@@ -1,26 +1,19 @@
 """The official Python client (`everruns_sdk`) against a real server process, with the
 SDK's own base URL shape (`.../api`) and a bare API key (open mode accepts any)."""
 
-import asyncio
-import time
-
 import pytest
 from everruns_sdk import Everruns
 from everruns_sdk.errors import ApiError, NotFoundError
 
-
-async def settle(sdk: Everruns, session_id: str) -> None:
-    deadline = time.monotonic() + 30
-    while (await sdk.sessions.get(session_id)).status != "idle":
-        assert time.monotonic() < deadline, "the turn did not finish"
-        await asyncio.sleep(0.05)
+from tests.support.waits import wait_sdk_idle
 
 
 async def test_sessions_create_get_list_delete(sdk: Everruns) -> None:
     created = await sdk.sessions.create(
         title="sdk session", tags=["sdk", "e2e"], locale="uk-UA"
     )
-    assert created.id.startswith("session_") and len(created.id) == 8 + 32
+    assert created.id.startswith("session_")
+    assert len(created.id) == 8 + 32
     assert created.status == "started"
     assert created.title == "sdk session"
     assert created.tags == ["sdk", "e2e"]
@@ -53,7 +46,7 @@ async def test_messages_and_events(sdk: Everruns) -> None:
     assert sent.id.startswith("message_")
     assert sent.role == "user"
     assert [(p.type, p.text) for p in sent.content] == [("text", "hello from the sdk")]
-    await settle(sdk, session.id)
+    await wait_sdk_idle(sdk, session.id)
 
     listed = await sdk.messages.list(session.id)
     assert [m.role for m in listed] == ["user", "agent"]
@@ -75,7 +68,8 @@ async def test_messages_and_events(sdk: Everruns) -> None:
     assert types[-2:] == ["turn.completed", "session.idled"]
     assert events[0].context.input_message_id == sent.id
     turn_id = events[0].context.turn_id
-    assert turn_id is not None and turn_id.startswith("turn_")
+    assert turn_id is not None
+    assert turn_id.startswith("turn_")
     assert all(e.context.turn_id == turn_id for e in events)
 
     inputs = await sdk.events.list(session.id, types=["input.message"])
@@ -95,12 +89,13 @@ async def test_messages_and_events(sdk: Everruns) -> None:
 async def test_tool_parts_parse_in_the_sdk(sdk: Everruns) -> None:
     session = await sdk.sessions.create()
     await sdk.messages.create(session.id, "/scenario tool weather in Kyiv")
-    await settle(sdk, session.id)
+    await wait_sdk_idle(sdk, session.id)
     listed = await sdk.messages.list(session.id)
     assert [m.role for m in listed] == ["user", "agent"]
     parts = listed[1].content
     calls = [p.as_tool_call() for p in parts if p.is_tool_call()]
-    assert len(calls) == 1 and calls[0] is not None
+    assert len(calls) == 1
+    assert calls[0] is not None
     assert calls[0].name == "lookup"
     assert calls[0].arguments == {"query": "weather in Kyiv"}
     results = [p for p in parts if p.type == "tool_result"]

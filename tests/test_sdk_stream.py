@@ -16,8 +16,9 @@ from everruns_sdk.models import Event
 from everruns_sdk.sse import EventStream
 
 from app.settings import Settings
-from tests.conftest import Server
-from tests.helpers import TURN_EVENTS, server_process
+from tests.support.api import TURN_EVENTS
+from tests.support.servers import Server, server_process
+from tests.support.waits import wait_sdk_idle
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -96,13 +97,6 @@ async def probe_resume(server: Server, session_id: str, since_id: str | None) ->
         return f"{response.status_code} {response.text}"
 
 
-async def wait_for_session_idle(client: Everruns, session_id: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while (await client.sessions.get(session_id)).status != "idle":
-        assert time.monotonic() < deadline, "the session did not idle"
-        await asyncio.sleep(0.05)
-
-
 async def test_sdk_stream_follows_a_whole_turn(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -119,7 +113,7 @@ async def test_sdk_stream_follows_a_whole_turn(
             while not received:
                 assert time.monotonic() < deadline, "the SDK stream never delivered"
                 warm = await client.messages.create(session.id, "warm up")
-                await wait_for_session_idle(client, session.id)
+                await wait_sdk_idle(client, session.id, WAIT)
             assert warm.id
             last = (await client.events.list(session.id))[-1]
             assert last.type == "session.idled"
@@ -197,7 +191,8 @@ async def test_sdk_stream_resumes_across_connection_cycles(
         # late the stream connects, and every later event must arrive.
         message = await client.messages.create(session.id, "/scenario long 200")
         listed = await client.events.list(session.id)
-        assert listed and listed[0].type == "input.message"
+        assert listed
+        assert listed[0].type == "input.message"
         assert listed[0].data["message"]["id"] == message.id
         turn_id = listed[0].context.turn_id
         assert turn_id is not None

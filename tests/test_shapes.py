@@ -21,17 +21,13 @@ from sqlalchemy import select
 from app.catalog.registry import derived_id
 from app.db import models
 from app.ids import uuid7
-from app.messages import checkpoint
-from app.sessions import service as sessions_service
-from tests.conftest import ROOT, Running
-from tests.helpers import (
-    find_nulls,
-    list_events,
-    post_message,
-    uuid_of,
-    wait_idle,
-    wait_until,
-)
+from app.journal import checkpoint
+from app.journal.sessions import lock_session
+from tests.support.api import list_events, post_message, uuid_of
+from tests.support.in_process import Running
+from tests.support.lanes import ROOT
+from tests.support.problems import find_nulls
+from tests.support.waits import wait_idle, wait_until
 
 # The pinned copy of upstream's published OpenAPI subset (see openapi/README.md).
 SPEC_PATH = Path(os.environ.get("EVERRUNS_SPEC", ROOT / "openapi" / "upstream.json"))
@@ -323,7 +319,8 @@ def registry(seed_content_parts: bool) -> Registry[Any]:
     if seed_content_parts:
         schemas["ContentPart"] = SEED_CONTENT_PART
     resource = Resource.from_contents(document, default_specification=DRAFT202012)
-    return Registry().with_resource(SPEC_URI, resource)
+    built: Registry[Any] = Registry().with_resource(SPEC_URI, resource)
+    return built
 
 
 def validate(instance: Any, name: str, *, seed_content_parts: bool = False) -> None:
@@ -399,7 +396,8 @@ def check_event(event: dict[str, Any], session_id: str) -> None:
     assert uuid_of(event["id"]).version == 7, "event ids are UUIDv7"
     assert EVENT_TS.match(event["ts"]), f"ts {event['ts']!r} is not ms precision + Z"
     assert event["session_id"] == session_id
-    assert isinstance(event["sequence"], int) and event["sequence"] >= 1
+    assert isinstance(event["sequence"], int)
+    assert event["sequence"] >= 1
     assert set(event["context"]) <= CONTEXT_KEYS, event["context"]
     if "turn_id" in event["context"]:
         assert re.fullmatch(r"turn_[0-9a-f]{32}", event["context"]["turn_id"])
@@ -450,7 +448,8 @@ async def read_messages(
         assert page["start_sequence"] == messages[0]["sequence"]
         assert page["end_sequence"] == messages[-1]["sequence"]
     else:
-        assert "start_sequence" not in page and "end_sequence" not in page
+        assert "start_sequence" not in page
+        assert "end_sequence" not in page
     assert ("next_before_sequence" in page) is page["has_more"]
     for message in messages:
         check_message(message)
@@ -829,7 +828,7 @@ async def test_provider_opaque_parts_are_never_returned(running: Running) -> Non
     opaque = {"type": "provider_opaque", "provider": "openai", "content": {"rs": "x"}}
     database = running.app.state.app.database
     async with database.write() as db:
-        session = await sessions_service.lock_session(db, session_id)
+        session = await lock_session(db, session_id)
         assert session is not None
         opened = await checkpoint.open_agent_message(db, session, turn_id=uuid7())
         assert opened.message is not None
@@ -890,7 +889,8 @@ async def test_session_create_get_patch_shapes(client: httpx.AsyncClient) -> Non
     for key, value in fields.items():
         if key != "capabilities":
             assert session[key] == value, key
-    assert "started_at" not in session and "finished_at" not in session
+    assert "started_at" not in session
+    assert "finished_at" not in session
 
     got = await client.get(f"/v1/sessions/{session['id']}")
     assert got.status_code == 200
@@ -946,7 +946,8 @@ async def test_session_list_envelope(client: httpx.AsyncClient) -> None:
     validate(body, "PaginatedResponse_WithUrls_Session")
     assert find_nulls(body) == []
     assert (body["total"], body["offset"], body["limit"]) == (3, 0, 20)
-    assert "next_url" not in body and "prev_url" not in body
+    assert "next_url" not in body
+    assert "prev_url" not in body
     assert [s["id"] for s in body["data"]] == ids[::-1], "newest first"
     for session in body["data"]:
         check_session(session)
@@ -970,7 +971,8 @@ async def test_session_list_envelope(client: httpx.AsyncClient) -> None:
 
     empty = (await client.get("/v1/sessions", params={"offset": 10})).json()
     validate(empty, "PaginatedResponse_WithUrls_Session")
-    assert empty["data"] == [] and empty["total"] == 3
+    assert empty["data"] == []
+    assert empty["total"] == 3
 
 
 # ---- events --------------------------------------------------------------------------

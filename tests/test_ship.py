@@ -1,5 +1,5 @@
 """Shipping: the Dockerfile and docker-compose.yml pass their linters and are wired as
-the README says; the built wheel, installed into a fresh virtual environment outside
+docs/deployment.md says; the built wheel, installed into a fresh virtual environment outside
 the repository, migrates and serves from any working directory on both databases; and
 the image's command line (its ENTRYPOINT, CMD, ENV and HEALTHCHECK, read from the
 Dockerfile) and the compose services' command lines run as they would in a container.
@@ -37,7 +37,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.cli import build_parser
 from app.settings import normalize_database_url
-from tests.conftest import LANES, PG_URL, ROOT, free_port
+from tests.support.lanes import LANES, PG_URL, ROOT
+from tests.support.servers import free_port
+from tests.support.waits import wait_idle
 
 DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
@@ -71,7 +73,8 @@ class Stage:
 
     def exec_form(self, instruction: str) -> list[str]:
         words = json.loads(self.last(instruction))
-        assert isinstance(words, list) and all(isinstance(w, str) for w in words)
+        assert isinstance(words, list)
+        assert all(isinstance(w, str) for w in words)
         return words
 
 
@@ -157,10 +160,12 @@ def test_dockerfile_builds_a_wheel_and_runs_it_without_privileges() -> None:
     assert any("pip wheel" in run for run in builder.all("RUN")), builder.all("RUN")
     # The runtime stage gets the wheel from the builder, never the source tree.
     copies = runtime.all("COPY")
-    assert copies and all(c.startswith("--from=builder ") for c in copies), copies
+    assert copies, copies
+    assert all(c.startswith("--from=builder ") for c in copies), copies
     assert any("pip install" in run and ".whl" in run for run in runtime.all("RUN"))
     user = runtime.last("USER")
-    assert user not in ("root", "0") and not user.startswith("0:"), user
+    assert user not in ("root", "0"), user
+    assert not user.startswith("0:"), user
     # The image's own settings: it listens on every address, keeps SQLite on a volume.
     env = runtime.env()
     assert env["HOST"] == "0.0.0.0"
@@ -171,7 +176,8 @@ def test_dockerfile_builds_a_wheel_and_runs_it_without_privileges() -> None:
     # creating the first key on a fresh start.
     command = image_command()
     accepted_by_the_cli(command)
-    assert command[1] == "serve" and "--first-key" in command
+    assert command[1] == "serve"
+    assert "--first-key" in command
     accepted_by_the_cli(healthcheck_command(runtime))
     assert healthcheck_command(runtime)[1:] == ["probe", "ready"]
 
@@ -220,7 +226,8 @@ def test_compose_runs_postgres_a_one_shot_migrate_and_replicas() -> None:
     )
     accepted_by_the_cli(["evermirror", *migrate["command"]])
     accepted_by_the_cli(["evermirror", *api["command"]])
-    assert migrate["command"][0] == "migrate" and "--first-key" in migrate["command"]
+    assert migrate["command"][0] == "migrate"
+    assert "--first-key" in migrate["command"]
     assert api["command"][:2] == ["serve", "--no-migrate"]
     # All on one PostgreSQL database.
     url = migrate["environment"]["DATABASE_URL"]
@@ -267,7 +274,7 @@ class Installed:
 
 
 def _run(command: list[str], timeout: float, **kwargs: Any) -> str:
-    result = subprocess.run(
+    result: subprocess.CompletedProcess[str] = subprocess.run(
         command,
         capture_output=True,
         text=True,
@@ -331,8 +338,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
         for path in source.rglob("*")
         if path.is_file()
     }
-    assert "app/web/client/index.js" in web and "app/web/assets/chat.html" in web
+    assert "app/web/client/index.js" in web
+    assert "app/web/assets/chat.html" in web
     assert web <= set(names), sorted(web - set(names))
+    # The licence: named in the metadata, its text in the wheel.
+    metadata = zipfile.ZipFile(wheel).read(f"{distribution}.dist-info/METADATA")
+    assert b"License-Expression: MIT" in metadata.splitlines()
+    assert f"{distribution}.dist-info/licenses/LICENSE" in names
     venv = root / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], timeout=120, env=build_env)
     bin_dir = venv / ("Scripts" if sys.platform == "win32" else "bin")
@@ -484,10 +496,7 @@ async def exercise(url: str, headers: dict[str, str] | None = None) -> None:
             json={"message": {"content": [{"type": "text", "text": "hello wheel"}]}},
         )
         assert posted.status_code == 201, posted.text
-        deadline = time.monotonic() + 20
-        while (await client.get(f"/v1/sessions/{sid}")).json()["status"] != "idle":
-            assert time.monotonic() < deadline, "the turn did not end"
-            await asyncio.sleep(0.05)
+        await wait_idle(client, sid)
         page = (await client.get(f"/v1/sessions/{sid}/messages")).json()
         assert [m["role"] for m in page["data"]] == ["user", "agent"]
         reply = "".join(p.get("text", "") for p in page["data"][1]["content"])
@@ -569,7 +578,8 @@ async def test_the_image_command_line_creates_and_prints_the_first_key(
     # The key is announced before the server starts, in the first lines of output:
     # only the migrations' lines come before it.
     announced = [i for i, m in enumerate(messages) if "the first one was created" in m]
-    assert len(announced) == 1 and announced[0] < started, messages
+    assert len(announced) == 1, messages
+    assert announced[0] < started, messages
     before = {r["logger"] for r in lines[: announced[0]]}
     assert all(name.startswith("alembic.") for name in before), before
     record = lines[announced[0]]
@@ -601,6 +611,7 @@ async def test_the_image_command_line_creates_and_prints_the_first_key(
 
 
 @pytest.mark.network
+@pytest.mark.postgres_only(reason="the compose file runs PostgreSQL")
 async def test_the_compose_services_on_postgresql(
     installed: Installed,
     fresh_database_url: str,
@@ -610,8 +621,6 @@ async def test_the_compose_services_on_postgresql(
     """`docker compose up`: the one-shot migrate service, then two API replicas,
     each command line and environment as docker-compose.yml has them (the database
     URL and ports swapped for the test's)."""
-    if not fresh_database_url.startswith("postgresql"):
-        pytest.skip("the compose file runs PostgreSQL")
     services = compose()["services"]
     migrate, api = services["migrate"], services["api"]
     env = installed.env(
@@ -663,10 +672,7 @@ async def test_the_compose_services_on_postgresql(
             json={"message": {"content": [{"type": "text", "text": "across"}]}},
         )
         assert posted.status_code == 201, posted.text
-        deadline = time.monotonic() + 20
-        while (await one.get(f"/v1/sessions/{sid}")).json()["status"] != "idle":
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        await wait_idle(one, sid)
         page = (await one.get(f"/v1/sessions/{sid}/messages")).json()
         assert [m["role"] for m in page["data"]] == ["user", "agent"]
     for replica in replicas:

@@ -9,14 +9,10 @@ import time
 import httpx
 import orjson
 
-from tests.conftest import Server
-from tests.helpers import (
-    PROBLEM_JSON,
-    api_fixture,
-    create_session,
-    live_server_fixture,
-)
-from tests.sse_client import expect_connected, open_stream
+from tests.support.api import create_session
+from tests.support.problems import PROBLEM_JSON
+from tests.support.servers import Server, api_fixture, live_server_fixture
+from tests.support.sse import expect_connected, open_stream
 
 DEADLINE = 1.0
 MAX_HEADER = 4096
@@ -68,7 +64,8 @@ def problem(raw: bytes, status: int) -> dict[str, object]:
     assert int(headers["content-length"]) == len(body), raw
     parsed: dict[str, object] = orjson.loads(body)
     assert parsed["status"] == status, parsed
-    assert isinstance(parsed["detail"], str) and parsed["detail"], parsed
+    assert isinstance(parsed["detail"], str), parsed
+    assert parsed["detail"], parsed
     assert parsed["type"] == f"https://docs.everruns.com/errors/{parsed['code']}"
     return parsed
 

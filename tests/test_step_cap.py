@@ -10,16 +10,17 @@ import httpx
 import pytest
 
 from app.settings import Settings
-from tests.conftest import Running, running_app, test_settings as make_settings
-from tests.helpers import (
+from tests.support.api import (
     TOOL_TURN_EVENTS,
     TURN_EVENTS,
     list_events,
     list_messages,
     post_message,
     text_of,
-    wait_idle,
 )
+from tests.support.in_process import Running, running_app
+from tests.support.lanes import make_settings
+from tests.support.waits import wait_idle
 
 
 @pytest.fixture
@@ -71,7 +72,8 @@ async def test_a_tool_call_at_the_cap_ends_the_turn(client: httpx.AsyncClient) -
     assert completed["data"]["iterations"] == 1
     assert completed["data"]["tool_call_count"] == 1
     agent = (await list_messages(client, sid))["data"][-1]
-    assert agent["role"] == "agent" and agent["state"] == "done"
+    assert agent["role"] == "agent"
+    assert agent["state"] == "done"
     assert [p["type"] for p in agent["content"]] == ["text", "tool_call", "tool_result"]
     assert agent["content"][1]["status"] == "completed"
     assert text_of(agent) == "Let me look that up."

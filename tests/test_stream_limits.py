@@ -8,29 +8,31 @@ import itertools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import pytest
 
 from app.live.streams import StreamConfig, message_mutations, upstream_events
 from app.settings import Settings
-from tests.conftest import Running, Server, start_server
-from tests.helpers import (
-    api_fixture,
-    assert_too_many,
+from tests.support.api import (
     create_session,
     get_session,
     list_events,
     list_messages,
-    live_server_fixture,
     post_message,
-    server_process,
     uuid_of,
-    wait_idle,
-    wait_until,
 )
-from tests.sse_client import (
+from tests.support.in_process import Running
+from tests.support.problems import assert_too_many
+from tests.support.servers import (
+    Server,
+    api_fixture,
+    live_server_fixture,
+    server_process,
+    start_server,
+)
+from tests.support.sse import (
     DELTA,
     Frame,
     SSEStream,
@@ -42,6 +44,7 @@ from tests.sse_client import (
     open_stream,
     session_streams,
 )
+from tests.support.waits import wait_idle, wait_until
 
 live_server = live_server_fixture("stream-limits", SCRIPTED_DELAY_MS="10")
 api = api_fixture()
@@ -124,7 +127,7 @@ async def own_server(
 ) -> AsyncIterator[httpx.AsyncClient]:
     """A server of the test's own, configured by `env`, and a client of it."""
     async with (
-        server_process(settings.database_url, tmp_path, **env) as server,
+        server_process(settings.database_url, tmp_path, kill=False, **env) as server,
         httpx.AsyncClient(base_url=server.url, timeout=10) as api,
     ):
         yield api
@@ -308,7 +311,7 @@ async def test_open_streams_hold_no_pooled_connection(running: Running) -> None:
             if index % 2
             else upstream_events(**common, cursor=None, accept=lambda _: True)
         )
-        streams.append(cast(AsyncGenerator[bytes, None], stream))
+        streams.append(stream)
     received: list[list[bytes]] = [[] for _ in streams]
 
     async def consume(stream: AsyncGenerator[bytes, None], out: list[bytes]) -> None:

@@ -14,15 +14,9 @@ from sqlalchemy import delete, select
 from app.db import models
 from app.db.session import Database
 from app.settings import Settings
-from tests.conftest import Server
-from tests.helpers import (
-    list_events,
-    list_messages,
-    live_server_fixture,
-    post_message,
-    uuid_of,
-    wait_idle,
-)
+from tests.support.api import list_events, list_messages, post_message, uuid_of
+from tests.support.servers import Server, live_server_fixture
+from tests.support.waits import wait_idle
 
 live_server = live_server_fixture("summaries", MODEL_CONTEXT_TOKENS="1000")
 
@@ -85,7 +79,8 @@ async def test_history_past_the_budget_is_summarized_as_derived_data(
     assert [e["sequence"] for e in events] == list(range(1, len(events) + 1))
     assert set(sequences) <= {e["sequence"] for e in events}
     assert all("summar" not in e["type"] for e in events)
-    assert text not in str(events) and text not in str(page)
+    assert text not in str(events)
+    assert text not in str(page)
 
     # Rebuilt when missing.
     async with database.write() as db:
@@ -98,7 +93,8 @@ async def test_history_past_the_budget_is_summarized_as_derived_data(
     await post_message(api, sid, words("gamma"))
     await wait_idle(api, sid)
     rebuilt = await summaries(database, sid)
-    assert rebuilt and rebuilt[-1][1] > last
+    assert rebuilt
+    assert rebuilt[-1][1] > last
 
     # Deleting the session deletes its summaries.
     assert (await api.delete(f"/v1/sessions/{sid}")).status_code == 204

@@ -24,17 +24,11 @@ import httpx
 
 from app.settings import Settings
 from app.tail import Frame, Screen
-from tests.conftest import ROOT, Server, free_port, start_server
-from tests.helpers import (
-    auth,
-    create_cli_key,
-    create_session,
-    post_message,
-    server_process,
-    text_of,
-    wait_idle,
-    wait_until,
-)
+from tests.support.api import auth, create_session, post_message, text_of
+from tests.support.cli import create_cli_key
+from tests.support.lanes import ROOT
+from tests.support.servers import Server, free_port, server_process, start_server
+from tests.support.waits import wait_idle, wait_until
 
 
 class Tailing:
@@ -185,7 +179,8 @@ async def test_tail_json_prints_one_mutation_a_line(
         if m["event"] == "message" and m["data"]["message"]["id"] == agent["id"]
     )
     deltas = [m["data"] for m in mutations[:final] if m["event"] == "delta"]
-    assert deltas and all(d["message_id"] == agent["id"] for d in deltas)
+    assert deltas
+    assert all(d["message_id"] == agent["id"] for d in deltas)
     parts = [
         m["data"]["part"]
         for m in mutations

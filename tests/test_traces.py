@@ -1,4 +1,4 @@
-"""Traces (the otel extra, app/ops/traces.py), against real server processes sending
+"""Traces (the otel extra, app/telemetry/traces.py), against real server processes sending
 OTLP/HTTP to a small collector of the test's own (a stdlib HTTP server on loopback that
 decodes the protobuf it receives): a request with a W3C `traceparent` is a server span
 of that trace, the child of the caller's span, on FastAPI's path and the hot one; the
@@ -24,15 +24,10 @@ import httpx
 import pytest
 
 from app.settings import Settings
-from tests.conftest import ROOT
-from tests.helpers import (
-    create_session,
-    list_events,
-    post_message,
-    start_own_server,
-    wait_idle,
-    wait_until,
-)
+from tests.support.api import create_session, list_events, post_message
+from tests.support.lanes import ROOT
+from tests.support.servers import start_own_server
+from tests.support.waits import wait_idle, wait_until
 
 pytest.importorskip("opentelemetry.sdk")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
@@ -178,7 +173,8 @@ async def test_a_traced_request_and_the_turn_it_starts(
     assert hot["attributes"]["http.response.status_code"] == 200
     # An untraced request is a trace of its own.
     (created,) = collector.named("POST /sessions")
-    assert created["trace_id"] != TRACE_ID and created["parent_span_id"] == ""
+    assert created["trace_id"] != TRACE_ID
+    assert created["parent_span_id"] == ""
 
     by_id = {span["span_id"]: span for span in collector.spans}
     # The events the POST wrote name its checkpoint's span, the child of the request's.
@@ -204,7 +200,8 @@ async def test_a_traced_request_and_the_turn_it_starts(
     turn_id = turn["attributes"]["evermirror.turn_id"]
     assert any(e["context"].get("turn_id") == turn_id for e in events)
     steps = collector.named("model.step")
-    assert steps and all(s["parent_span_id"] == turn["span_id"] for s in steps)
+    assert steps
+    assert all(s["parent_span_id"] == turn["span_id"] for s in steps)
     assert steps[0]["attributes"]["gen_ai.system"] == "scripted"
     turn_checkpoints = [
         s
@@ -307,7 +304,8 @@ async def test_without_an_endpoint_nothing_of_opentelemetry_is_imported(
         probe, settings.database_url, tmp_path, blocked=False
     )
     assert found["otel"] == []
-    assert found["plain"] and not found["traced"]
+    assert found["plain"]
+    assert not found["traced"]
     assert found["status"] == "idle"
     assert found["contexts"]
     for context in found["contexts"]:
@@ -339,4 +337,5 @@ async def test_the_sdk_disabled_is_off(settings: Settings, tmp_path: Path) -> No
         OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
         OTEL_SDK_DISABLED="true",
     )
-    assert found["otel"] == [] and found["plain"]
+    assert found["otel"] == []
+    assert found["plain"]

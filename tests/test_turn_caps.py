@@ -16,15 +16,10 @@ import httpx
 from app.auth import create_key
 from app.main import create_app
 from app.settings import Settings
-from tests.conftest import test_settings as make_settings
-from tests.helpers import (
-    assert_too_many,
-    auth,
-    create_session,
-    post_message,
-    text_body,
-    wait_idle,
-)
+from tests.support.api import auth, create_session, post_message, text_body
+from tests.support.lanes import make_settings
+from tests.support.problems import assert_too_many
+from tests.support.waits import wait_idle
 
 ORG_A = uuid.UUID(hex="a" * 32)
 ORG_B = uuid.UUID(hex="b" * 32)

@@ -7,19 +7,16 @@ from typing import Any
 
 import httpx
 
-from tests.helpers import (
-    api_fixture,
-    assert_problem,
-    assert_too_many,
+from tests.support.api import (
     create_session,
     list_messages,
-    live_server_fixture,
     post_message,
     text_body,
     text_of,
-    wait_idle,
-    wait_until,
 )
+from tests.support.problems import assert_problem, assert_too_many
+from tests.support.servers import api_fixture, live_server_fixture
+from tests.support.waits import wait_idle, wait_until
 
 # Two open waits per session at most, so the limit is reachable from one test.
 live_server = live_server_fixture(
@@ -29,13 +26,17 @@ api = api_fixture()
 
 
 async def post_wait(
-    api: httpx.AsyncClient, session_id: str, text: str, **params: Any
+    api: httpx.AsyncClient,
+    session_id: str,
+    text: str,
+    http_timeout: httpx.Timeout | float = 30,
+    **params: Any,
 ) -> httpx.Response:
     return await api.post(
         f"/v1/sessions/{session_id}/messages",
         params={"wait": "true", **params},
         json=text_body(text),
-        timeout=30,
+        timeout=http_timeout,
     )
 
 
@@ -187,3 +188,34 @@ async def test_waits_share_the_stream_limits(api: httpx.AsyncClient) -> None:
 async def _has_text(api: httpx.AsyncClient, sid: str, text: str) -> bool:
     page = await list_messages(api, sid)
     return any(m["role"] == "user" and text_of(m) == text for m in page["data"])
+
+
+async def test_a_wait_whose_client_has_gone_frees_its_slot_at_once(
+    api: httpx.AsyncClient,
+) -> None:
+    """Two waits fill the session's slots, and their clients give up (a read timeout
+    closes the connection): the slots come back long before the turn ends or the
+    waits' own timeout, and a new wait is admitted."""
+    sid = await create_session(api)
+    abandoned = asyncio.create_task(
+        post_wait(api, sid, "/scenario long 100000", httpx.Timeout(10, read=1))
+    )
+    await wait_until(lambda: _status(api, sid, "active"), "the turn", within=10)
+    steer = asyncio.create_task(
+        post_wait(api, sid, "steer and go", httpx.Timeout(10, read=0.5))
+    )
+    for task in (abandoned, steer):
+        try:
+            await asyncio.wait_for(task, 15)
+            raise AssertionError("a wait answered while its turn still ran")
+        except httpx.ReadTimeout:
+            pass
+
+    async def admitted() -> bool:
+        probe = await post_wait(api, sid, "probe", timeout_ms="1")
+        return probe.status_code == 202
+
+    # Before, the slots stayed taken until the turn ended (about 8 minutes here).
+    await wait_until(admitted, "a slot to come back", within=5)
+    assert await _status(api, sid, "active")
+    await api.post(f"/v1/sessions/{sid}/cancel")

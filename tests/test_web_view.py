@@ -5,11 +5,9 @@ back; every part type renders; whatever a message holds renders as text. The
 routes themselves are static pages outside the API: not in the OpenAPI document, with
 a Content-Security-Policy, and the API's problem+json errors around them unchanged."""
 
-import asyncio
 import base64
 import json
 import re
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -20,11 +18,15 @@ import pytest_asyncio
 
 from app.db.session import Database
 from app.ids import DEFAULT_ORG_ID, format_id
-from app.messages import checkpoint
+from app.journal import checkpoint
+from app.journal.actions import action_part, append_actions
+from app.journal.sessions import lock_session
+from app.journal.tool_calls import tool_transition
 from app.sessions import schemas as session_schemas, service as sessions_service
 from app.settings import Settings
 from app.web import router as web
-from tests.browser import (
+from tests.support.api import text_body
+from tests.support.browser import (
     api_messages,
     browser_fixture,
     open_chat,
@@ -34,8 +36,10 @@ from tests.browser import (
     turn_done,
     wait_converged,
 )
-from tests.conftest import ROOT, Server
-from tests.helpers import assert_problem, live_server_fixture, text_body
+from tests.support.lanes import ROOT
+from tests.support.problems import assert_problem
+from tests.support.servers import Server, live_server_fixture
+from tests.support.waits import wait_idle
 from tests.test_approvals import ASK, GUARDED
 
 if TYPE_CHECKING:
@@ -79,15 +83,6 @@ async def post(
     return message
 
 
-async def wait_idle(
-    api: httpx.AsyncClient, session_id: str, within: float = 20.0
-) -> None:
-    deadline = time.monotonic() + within
-    while (await api.get(f"/v1/sessions/{session_id}")).json()["status"] != "idle":
-        assert time.monotonic() < deadline, f"{session_id} did not go idle"
-        await asyncio.sleep(0.05)
-
-
 async def streaming_text(page: "Page") -> str:
     """Waits until an agent message shows text while it still streams; that text."""
     handle = await page.wait_for_function(
@@ -127,7 +122,8 @@ async def test_the_pages_never_parse_data_as_markup() -> None:
         source = html.read_text()
         external = r'<script\b[^>]*\bsrc="[^"]+"[^>]*>\s*</script>'
         assert len(re.findall(external, source)) == source.count("<script"), html.name
-        assert "style=" not in source and "<style" not in source, html.name
+        assert "style=" not in source, html.name
+        assert "<style" not in source, html.name
 
 
 async def test_pages_are_static_files_outside_the_api(
@@ -144,14 +140,16 @@ async def test_pages_are_static_files_outside_the_api(
         assert response.status_code == 200, response.text
         assert response.headers["content-type"] == "text/html; charset=utf-8"
         policy = response.headers["content-security-policy"]
-        assert "script-src 'self';" in policy and "default-src 'none'" in policy
+        assert "script-src 'self';" in policy
+        assert "default-src 'none'" in policy
         assert "unsafe-inline" not in policy
         assert response.headers["x-content-type-options"] == "nosniff"
         assert response.headers["cache-control"] == "no-cache"
         assert '<script type="module" src="' in response.text
         # Revalidated, not re-sent.
         again = await api.get(url, headers={"If-None-Match": response.headers["etag"]})
-        assert again.status_code == 304 and again.content == b""
+        assert again.status_code == 304
+        assert again.content == b""
     # The JavaScript client is served from its source, from the same origin.
     client = await api.get("/web/client/index.js")
     assert client.status_code == 200
@@ -196,7 +194,8 @@ async def test_a_posted_message_streams_its_reply_and_ends_as_the_api_lists_it(
     assert shown[0]["text"] == "/scenario long 150"
     final = shown[1]["text"]
     assert final == "".join(f"chunk{i} " for i in range(150))
-    assert final.startswith(partial) and len(partial) < len(final)
+    assert final.startswith(partial)
+    assert len(partial) < len(final)
     assert await page.is_disabled("#stop")
 
 
@@ -211,7 +210,8 @@ async def test_a_reload_mid_turn_shows_the_step_in_progress_and_converges(
     await page.wait_for_selector('#status[data-status="live"]')
     # The reopened stream starts with the live parts so far: no wait for a commit.
     after = await streaming_text(page)
-    assert after.startswith("chunk0 ") and len(after) >= len(before) > 0
+    assert after.startswith("chunk0 ")
+    assert len(after) >= len(before) > 0
     shown = await wait_converged(page, api, session_id)
     assert shown[1]["text"] == "".join(f"chunk{i} " for i in range(300))
 
@@ -357,7 +357,7 @@ async def seed_agent_parts(database_url: str) -> str:
             )
         session_id = created.id
         async with database.write() as db:
-            session = await sessions_service.lock_session(db, session_id)
+            session = await lock_session(db, session_id)
             assert session is not None
             opened = await checkpoint.open_agent_message(
                 db, session, turn_id=uuid.uuid4()
@@ -365,7 +365,7 @@ async def seed_agent_parts(database_url: str) -> str:
             assert opened.message is not None
             message_id = opened.message.id
         async with database.write() as db:
-            session = await sessions_service.lock_session(db, session_id)
+            session = await lock_session(db, session_id)
             assert session is not None
             message = await checkpoint.get_message_for_update(db, message_id)
             await checkpoint.commit_step(
@@ -385,7 +385,7 @@ async def seed_agent_parts(database_url: str) -> str:
             )
             # The tool waits for approval (its message stays open: a message closes
             # only once its tools are finished), with its interaction part.
-            await checkpoint.tool_transition(
+            await tool_transition(
                 db,
                 session,
                 message,
@@ -399,14 +399,14 @@ async def seed_agent_parts(database_url: str) -> str:
                 },
             )
         async with database.write() as db:
-            session = await sessions_service.lock_session(db, session_id)
+            session = await lock_session(db, session_id)
             assert session is not None
-            await checkpoint.append_actions(
+            await append_actions(
                 db,
                 session,
                 turn_id=None,
                 parts=[
-                    checkpoint.action_part(
+                    action_part(
                         "approval_mode_changed",
                         "Approval mode set to ask",
                         {"field": "approval_mode", "old": None, "new": "ask"},

@@ -12,7 +12,8 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from tests.browser import (
+from tests.support.api import auth, text_body
+from tests.support.browser import (
     browser_fixture,
     open_chat,
     page_fixture,
@@ -20,7 +21,7 @@ from tests.browser import (
     turn_done,
     wait_converged,
 )
-from tests.helpers import KeyedServer, auth, keyed_server_fixture, text_body
+from tests.support.servers import KeyedServer, keyed_server_fixture
 
 if TYPE_CHECKING:
     from playwright.async_api import Page

@@ -10,15 +10,11 @@ import httpx
 import pytest
 
 from app.settings import Settings
-from tests.conftest import ROOT, free_port
-from tests.helpers import (
-    create_session,
-    list_messages,
-    post_message,
-    wait_idle,
-    wait_until,
-)
-from tests.sse_client import SSEReader
+from tests.support.api import create_session, list_messages, post_message
+from tests.support.lanes import ROOT
+from tests.support.servers import free_port
+from tests.support.sse import SSEReader
+from tests.support.waits import wait_idle, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -26,13 +22,14 @@ pytestmark = pytest.mark.e2e
 def serve(database_url: str, *args: str, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "DATABASE_URL": database_url, "LOG_LEVEL": "info"}
     env.setdefault("SCRIPTED_DELAY_MS", "5")
-    return subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
+    with log.open("wb") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-m", "app", "serve", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def test_sqlite_refuses_more_than_one_worker(tmp_path: Path) -> None:
@@ -51,11 +48,10 @@ def test_sqlite_refuses_more_than_one_worker(tmp_path: Path) -> None:
     assert not (tmp_path / "one.db").exists()
 
 
+@pytest.mark.postgres_only(reason="workers need PostgreSQL")
 async def test_two_workers_share_one_port_and_see_each_others_writes(
     settings: Settings, tmp_path: Path
 ) -> None:
-    if not settings.database_url.startswith("postgresql"):
-        pytest.skip("workers need PostgreSQL")
     port = free_port()
     log = tmp_path / "workers.log"
     process = serve(

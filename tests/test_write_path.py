@@ -13,19 +13,15 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.db import models
 from app.db.migrate import upgrade
+from app.db.rows import StaleMessage
 from app.db.session import Database
-from app.db.writes import StaleMessage
 from app.ids import DEFAULT_ORG_ID, uuid7
-from app.messages import checkpoint
-from app.sessions import service as sessions_service
-from tests.conftest import Running
-from tests.helpers import (
-    create_session,
-    list_events,
-    new_session_row,
-    post_message,
-    wait_idle,
-)
+from app.journal import checkpoint
+from app.journal.sessions import lock_session
+from tests.support.api import create_session, list_events, post_message
+from tests.support.database import new_session_row
+from tests.support.in_process import Running
+from tests.support.waits import wait_idle
 
 
 def database(running: Running) -> Database:
@@ -37,7 +33,7 @@ async def test_the_session_row_carries_the_newest_input(running: Running) -> Non
     handle = database(running)
     sid = await new_session_row(handle)
     async with handle.write() as db:
-        session = await sessions_service.lock_session(db, sid)
+        session = await lock_session(db, sid)
         assert session is not None
         assert session.last_input_sequence == 0
         written, _ = await checkpoint.append_user_message(
@@ -52,7 +48,7 @@ async def test_the_session_row_carries_the_newest_input(running: Running) -> Non
         await checkpoint.open_agent_message(db, session, turn_id=uuid7())
     assert written.message is not None
     async with handle.write() as db:
-        locked = await sessions_service.lock_session(db, sid)
+        locked = await lock_session(db, sid)
     assert locked is not None
     # The agent message came later; the newest input is still the user message.
     assert locked.last_sequence == 2
@@ -64,7 +60,7 @@ async def test_a_message_changed_since_it_was_read_is_refused(running: Running) 
     handle = database(running)
     sid = await new_session_row(handle)
     async with handle.write() as db:
-        session = await sessions_service.lock_session(db, sid)
+        session = await lock_session(db, sid)
         assert session is not None
         opened = await checkpoint.open_agent_message(db, session, turn_id=uuid7())
     assert opened.message is not None
@@ -72,7 +68,7 @@ async def test_a_message_changed_since_it_was_read_is_refused(running: Running) 
     async with handle.write() as db:
         stale = await checkpoint.get_message_for_update(db, mid)
     async with handle.write() as db:
-        session = await sessions_service.lock_session(db, sid)
+        session = await lock_session(db, sid)
         assert session is not None
         fresh = await checkpoint.get_message_for_update(db, mid)
         await checkpoint.commit_step(
@@ -92,29 +88,32 @@ async def test_a_message_changed_since_it_was_read_is_refused(running: Running) 
         assert revision is not None
         return events, revision
 
-    before = await rows()
-    with pytest.raises(StaleMessage):
+    async def commit_stale() -> None:
         async with handle.write() as db:
-            session = await sessions_service.lock_session(db, sid)
+            session = await lock_session(db, sid)
             assert session is not None
             await checkpoint.commit_step(
                 db, session, stale, step_id="s2", parts=[{"type": "text", "text": "b"}]
             )
+
+    before = await rows()
+    with pytest.raises(StaleMessage):
+        await commit_stale()
     # Nothing of the refused checkpoint was written, the session row included.
     assert await rows() == before == ([1, 2], 2)
     async with handle.write() as db:
-        locked = await sessions_service.lock_session(db, sid)
-    assert locked is not None and locked.last_sequence == 2
+        locked = await lock_session(db, sid)
+    assert locked is not None
+    assert locked.last_sequence == 2
 
 
+@pytest.mark.postgres_only
 async def test_connections_the_server_closed_are_replaced_at_checkout(
     running: Running,
 ) -> None:
     """No pre-ping: a pooled connection whose server end went away (a restart, an
     administrator) is dropped at checkout and the request still succeeds."""
     handle = database(running)
-    if handle.dialect != "postgresql":
-        pytest.skip("needs PostgreSQL (set TEST_DATABASE_URL)")
     client = running.client
     sid = await create_session(client, "terminated")
     await post_message(client, sid, "warm the pool")
@@ -129,7 +128,8 @@ async def test_connections_the_server_closed_are_replaced_at_checkout(
                 " AND datname = current_database()"
             )
         )
-    assert terminated is not None and terminated >= pooled - 1
+    assert terminated is not None
+    assert terminated >= pooled - 1
     await asyncio.sleep(0.2)  # asyncpg sees the closed sockets
     for index in range(3):
         response = await client.post(

@@ -25,7 +25,16 @@ import orjson
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.writes import PG_UNAVAILABLE, Optimistic, SessionChanged, numbered
+from app.db.engine import PG_UNAVAILABLE
+from app.db.rows import Optimistic, SessionChanged
+from app.db.session_row import (
+    ASSUMED,
+    SESSION_ROW,
+    WRITTEN,
+    assignments,
+    unchanged,
+)
+from app.db.statements import numbered
 
 # Checkpoints per statement at most: a bound on its size and on the rows it locks.
 MAX_BATCH = 64
@@ -35,51 +44,33 @@ MAX_BATCH = 64
 # (the UPDATE waits for a concurrent writer's lock and then checks the row as that
 # writer left it) and the message's client_message_id is not taken. Then the messages,
 # events and NOTIFYs of the sessions written.
-BATCH = """
+_SESSION_ARRAYS = ",\n        ".join(
+    [
+        *(f":was_{c.name}::{c.pg_type}[]" for c in SESSION_ROW),
+        *(f":{c.name}::{c.pg_type}[]" for c in SESSION_ROW if c.write is not None),
+    ]
+)
+_SESSION_NAMES = ",\n        ".join([*(f"was_{name}" for name in ASSUMED), *WRITTEN])
+
+_ASSIGNMENTS = assignments("c.{name}", "t.", indent=8)
+_UNCHANGED = unchanged("t", "c")
+
+BATCH = f"""
 WITH c AS (
     SELECT * FROM unnest(
-        :session_id::uuid[], :was_organization_id::uuid[], :was_status::text[],
-        :was_last_sequence::integer[], :was_last_input_sequence::integer[],
-        :was_active_turn_id::uuid[], :was_cancel_requested::boolean[],
-        :was_visible_message_count::integer[], :was_internal_message_count::integer[],
-        :was_runner_epoch::integer[],
-        :last_sequence::integer[], :last_input_sequence::integer[], :status::text[],
-        :active_turn_id::uuid[], :visible_message_count::integer[],
-        :internal_message_count::integer[], :runner_epoch::integer[],
-        :cancel_requested::boolean[], :started_at::timestamptz[],
-        :finished_at::timestamptz[], :now::timestamptz[], :client_message_id::text[])
-    AS c(session_id, was_organization_id, was_status, was_last_sequence,
-        was_last_input_sequence, was_active_turn_id, was_cancel_requested,
-        was_visible_message_count, was_internal_message_count, was_runner_epoch,
-        last_sequence, last_input_sequence, status, active_turn_id,
-        visible_message_count, internal_message_count, runner_epoch,
-        cancel_requested, started_at, finished_at, now, client_message_id)
+        :session_id::uuid[],
+        {_SESSION_ARRAYS},
+        :started_at::timestamptz[], :finished_at::timestamptz[], :now::timestamptz[],
+        :client_message_id::text[])
+    AS c(session_id, {_SESSION_NAMES},
+        started_at, finished_at, now, client_message_id)
 ),
 s AS (
     UPDATE sessions AS t SET
-        last_sequence = c.last_sequence,
-        last_input_sequence = c.last_input_sequence,
-        status = c.status,
-        active_turn_id = c.active_turn_id,
-        visible_message_count = c.visible_message_count,
-        internal_message_count = c.internal_message_count,
-        runner_epoch = c.runner_epoch,
-        cancel_requested_at = CASE WHEN c.cancel_requested THEN t.cancel_requested_at END,
-        started_at = COALESCE(t.started_at, c.started_at),
-        finished_at = COALESCE(c.finished_at, t.finished_at),
-        last_activity_at = c.now,
-        updated_at = c.now
+        {_ASSIGNMENTS}
     FROM c
     WHERE t.id = c.session_id
-        AND t.organization_id = c.was_organization_id
-        AND t.status = c.was_status
-        AND t.last_sequence = c.was_last_sequence
-        AND t.last_input_sequence = c.was_last_input_sequence
-        AND t.active_turn_id IS NOT DISTINCT FROM c.was_active_turn_id
-        AND (t.cancel_requested_at IS NOT NULL) = c.was_cancel_requested
-        AND t.visible_message_count = c.was_visible_message_count
-        AND t.internal_message_count = c.was_internal_message_count
-        AND t.runner_epoch = c.was_runner_epoch
+        AND {_UNCHANGED}
         AND NOT EXISTS (
             SELECT 1 FROM messages AS taken
             WHERE taken.session_id = c.session_id
@@ -111,26 +102,13 @@ e AS (
     WHERE x.session_id IN (SELECT id FROM s)
 )
 SELECT
-    (SELECT coalesce(array_agg(id), '{}') FROM s),
+    (SELECT coalesce(array_agg(id), '{{}}') FROM s),
     (SELECT count(pg_notify(n.channel, n.payload))
      FROM unnest(:notify_session_id::uuid[], :channel::text[], :payload::text[])
          AS n(session_id, channel, payload)
      WHERE n.session_id IN (SELECT id FROM s))"""
 
 _BATCH = numbered(BATCH, "$")
-# The columns of the session row a checkpoint assumes (as `was_<name>`) and writes.
-ASSUMED = (
-    "organization_id",
-    "status",
-    "last_sequence",
-    "last_input_sequence",
-    "active_turn_id",
-    "cancel_requested",
-    "visible_message_count",
-    "internal_message_count",
-    "runner_epoch",
-)
-WRITTEN = tuple(name for name in ASSUMED if name != "organization_id")
 # Columns of the batch taken as they are from the message and event rows.
 MESSAGE_FIELDS = (
     "sequence",

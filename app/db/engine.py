@@ -7,12 +7,25 @@ Writer engines hand out connections in AUTOCOMMIT mode: the write unit of work
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from app.backend import Backend
 from app.settings import Settings
+
+# Failures of the connection or the server rather than of the statement: the request is
+# answered 503 and the connection is not reused.
+PG_UNAVAILABLE = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    # admin shutdown, crash shutdown, cannot connect now, statement timeout
+    asyncpg.exceptions.OperatorInterventionError,
+)
 
 
 def _sqlite_file(url: str) -> Path | None:
@@ -77,7 +90,7 @@ def _discard_closed_connections(engine: AsyncEngine) -> None:
 def create_engines(settings: Settings) -> tuple[AsyncEngine, AsyncEngine]:
     """Return (read engine, write engine). On PostgreSQL they are the same engine."""
     url = settings.database_url
-    if url.startswith("sqlite"):
+    if settings.backend is Backend.SQLITE:
         path = _sqlite_file(url)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -125,7 +138,7 @@ def create_engines(settings: Settings) -> tuple[AsyncEngine, AsyncEngine]:
 
 def create_migration_engine(url: str) -> AsyncEngine:
     """A single-connection engine for Alembic: a writer with foreign keys off."""
-    if url.startswith("sqlite"):
+    if Backend.of(url) is Backend.SQLITE:
         path = _sqlite_file(url)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ class Session(Base):
     internal_message_count: Mapped[int] = mapped_column(Integer, default=0)
     active_turn_id: Mapped[uuid.UUID | None]
     # Fenced runner leases: bumped by every runner that takes the session over, checked
-    # by each of its checkpoints under the row lock (see app.runner.runner).
+    # by each of its checkpoints under the row lock (see app.runner.fence).
     runner_epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Renewed by the node holding the runner lease while a turn runs (PostgreSQL).
     runner_renewed_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

@@ -18,7 +18,8 @@ import asyncpg
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from app.db.writes import PG_UNAVAILABLE
+from app.backend import Backend
+from app.db.engine import PG_UNAVAILABLE
 from app.schemas import MAX_INT32
 from app.settings import Settings
 
@@ -292,6 +293,6 @@ class SqliteReads(Reads):
 
 
 def create_reads(settings: Settings) -> Reads:
-    if settings.is_sqlite:
+    if settings.backend is Backend.SQLITE:
         return SqliteReads(settings)
     return PgReads(settings)

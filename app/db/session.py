@@ -13,16 +13,34 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
 )
 
+from app.backend import Backend
 from app.db.batch import CheckpointBatcher
 from app.db.engine import create_engines
 from app.db.outbox import Outbox
-from app.db.writes import SessionChanged, SessionHeads, Write, new_write
+from app.db.pg_write import PgWrite
+from app.db.rows import SessionChanged, SessionHeads
+from app.db.sqlite_write import SqliteWrite
+from app.db.writes import Write
 from app.settings import Settings
 
 T = TypeVar("T")
 
 if TYPE_CHECKING:
     from app.metrics import Metrics
+
+
+def new_write(
+    backend: Backend,
+    engine: AsyncEngine,
+    batcher: CheckpointBatcher | None = None,
+    heads: SessionHeads | None = None,
+) -> Write:
+    """A write unit of work on the writer engine (AUTOCOMMIT connections); optimistic
+    with `heads` and `batcher` (PostgreSQL: on SQLite the lock is a local statement,
+    and the unit holds the database write lock from its first statement anyway)."""
+    if backend is Backend.POSTGRESQL:
+        return PgWrite(engine, batcher, heads)
+    return SqliteWrite(engine)
 
 
 class CommitHooks(Protocol):
@@ -39,6 +57,7 @@ class CommitHooks(Protocol):
 class Database:
     reader: AsyncEngine
     writer: AsyncEngine
+    backend: Backend
     hooks: CommitHooks | None = field(default=None)
     # Set by the application when metrics are on: every write's COMMIT is timed.
     metrics: "Metrics | None" = field(default=None)
@@ -47,19 +66,14 @@ class Database:
         self._read = async_sessionmaker(self.reader, expire_on_commit=False)
         # The session rows as this process's commits left them (PostgreSQL only: see
         # app.db.writes, optimistic units).
-        self.heads = SessionHeads() if self.dialect == "postgresql" else None
-        self.batcher = (
-            CheckpointBatcher(self.writer) if self.dialect == "postgresql" else None
-        )
+        shared = self.backend.shared
+        self.heads = SessionHeads() if shared else None
+        self.batcher = CheckpointBatcher(self.writer) if shared else None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Database":
         reader, writer = create_engines(settings)
-        return cls(reader=reader, writer=writer)
-
-    @property
-    def dialect(self) -> str:
-        return self.writer.dialect.name
+        return cls(reader=reader, writer=writer, backend=settings.backend)
 
     async def transact(self, work: Callable[[Write], Awaitable[T]]) -> T:
         """`work` in an optimistic write unit (its session row assumed from the heads,
@@ -79,9 +93,9 @@ class Database:
     async def write(self, *, optimistic: bool = False) -> AsyncIterator[Write]:
         """A write unit of work: commits on success, rolls back on any exception."""
         db = (
-            new_write(self.writer, self.batcher, self.heads)
+            new_write(self.backend, self.writer, self.batcher, self.heads)
             if optimistic
-            else new_write(self.writer)
+            else new_write(self.backend, self.writer)
         )
         committing = False
         try:
@@ -135,8 +149,8 @@ class Database:
         what committed before it, and costs one round trip on PostgreSQL (no BEGIN or
         ROLLBACK around it). For the runner's polling reads; on SQLite a reader
         connection (a local file: transactions cost no round trip)."""
-        pg = self.writer.dialect.name == "postgresql"
-        async with (self.writer if pg else self.reader).connect() as conn:
+        engine = self.writer if self.backend is Backend.POSTGRESQL else self.reader
+        async with engine.connect() as conn:
             yield conn
 
     async def dispose(self) -> None:

@@ -10,7 +10,7 @@ from app.schemas import Schema
 class EventContext(Schema):
     turn_id: str | None = None
     input_message_id: str | None = None
-    # Present only while the service sends traces (app/ops/traces.py): the span of the
+    # Present only while the service sends traces (app/telemetry/traces.py): the span of the
     # checkpoint that wrote the event, in W3C hex.
     trace_id: str | None = Field(
         default=None,

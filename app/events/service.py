@@ -12,20 +12,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import wire
 from app.db import models
 from app.db.dialect import json_text
-from app.db.writes import EventRow
 from app.errors import InvalidParameter
-from app.ids import format_id, uuid7
-from app.ops import traces
-from app.sessions.service import session_not_found
-
-
-@dataclass(frozen=True)
-class EventSpec:
-    type: str
-    data: dict[str, Any]
-    turn_id: uuid.UUID | None = None
-    input_message_id: uuid.UUID | None = None
-
+from app.ids import format_id
+from app.journal.events import cursor_after_event, find_event_sequence
+from app.journal.sessions import session_not_found
 
 # Event types that name a tool: `data.tool_name`, or `data.tool_call.name`.
 TOOL_EVENT_TYPES = ("tool.started", "tool.completed", "tool.call_requested")
@@ -50,66 +40,6 @@ class EventFilter:
     # event `around` (which is included if it matches).
     around: uuid.UUID | None = None
     window: int = 50
-
-
-def render_event(
-    *,
-    event_id: uuid.UUID,
-    session_id: uuid.UUID,
-    sequence: int | None,
-    spec: EventSpec,
-    ts: Any,
-    traced: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    context: dict[str, str] = {}
-    if spec.turn_id is not None:
-        context["turn_id"] = format_id("turn", spec.turn_id)
-    if spec.input_message_id is not None:
-        context["input_message_id"] = format_id("message", spec.input_message_id)
-    if traced is not None:
-        context.update(traced)
-    body: dict[str, Any] = {
-        "id": format_id("event", event_id),
-        "type": spec.type,
-        "ts": wire.event_ts(ts),
-        "session_id": format_id("session", session_id),
-    }
-    if sequence is not None:
-        body["sequence"] = sequence
-    body["context"] = context
-    body["data"] = spec.data
-    return body
-
-
-def render_event_rows(
-    session_id: uuid.UUID, first: int, specs: Sequence[EventSpec], now: datetime
-) -> list[EventRow]:
-    """The rows of events numbered from `first`, each with its wire JSON rendered.
-    While tracing is on, their context names the span that writes them (the
-    checkpoint's: app/ops/traces.py)."""
-    traced = None if traces.tracer is None else traces.event_context()
-    rows = []
-    for offset, spec in enumerate(specs):
-        event_id = uuid7()
-        sequence = first + offset
-        body = render_event(
-            event_id=event_id,
-            session_id=session_id,
-            sequence=sequence,
-            spec=spec,
-            ts=now,
-            traced=traced,
-        )
-        rows.append(
-            EventRow(
-                id=event_id,
-                sequence=sequence,
-                type=spec.type,
-                turn_id=spec.turn_id,
-                body=wire.dumps(body).decode(),
-            )
-        )
-    return rows
 
 
 def _to_millisecond(value: datetime) -> datetime:
@@ -262,60 +192,8 @@ async def count_events(
     return int(await db.scalar(stmt) or 0)
 
 
-async def find_event_sequence(
-    db: AsyncSession, session_id: uuid.UUID, event_id: uuid.UUID
-) -> int | None:
-    sequence: int | None = await db.scalar(
-        select(models.Event.sequence).where(
-            models.Event.session_id == session_id, models.Event.id == event_id
-        )
-    )
-    return sequence
-
-
 # How far before an ephemeral event's id a resume starts: covers durable events whose ids
 # were minted before the delta but committed after it, and clock skew across nodes.
-RESUME_MARGIN_MS = 2000
-
-
-async def resume_sequence(
-    db: AsyncSession, session_id: uuid.UUID, event_id: uuid.UUID
-) -> int | None:
-    """The sequence to resume after for a `since_id`. A durable event resumes right after
-    itself. Upstream's clients also send the id of the last event they saw when it was
-    a delta, which is never stored: event ids are UUIDv7 (time-ordered), so resume after
-    the last durable event minted at least RESUME_MARGIN_MS before it. A few events may
-    be sent again (harmless under upstream's client contract); none is skipped. None for
-    an id that is neither."""
-    sequence = await find_event_sequence(db, session_id, event_id)
-    if sequence is not None or event_id.version != 7:
-        return sequence
-    ms = max((event_id.int >> 80) - RESUME_MARGIN_MS, 0)
-    floor = uuid.UUID(int=ms << 80)
-    before: int | None = await db.scalar(
-        select(func.max(models.Event.sequence)).where(
-            models.Event.session_id == session_id, models.Event.id < floor
-        )
-    )
-    return before or 0
-
-
-async def cursor_after_event(
-    db: AsyncSession,
-    session_id: uuid.UUID,
-    event_id: uuid.UUID,
-    *,
-    name: str = "since_id",
-) -> int:
-    """The sequence a stream or list resumes after for an event-id cursor (400 if none)."""
-    sequence = await resume_sequence(db, session_id, event_id)
-    if sequence is None:
-        raise InvalidParameter(
-            f"{name}: no event {format_id('event', event_id)} in this session"
-        )
-    return sequence
-
-
 async def require_session(
     db: AsyncSession, *, organization_id: uuid.UUID, session_id: uuid.UUID
 ) -> None:
@@ -362,27 +240,3 @@ async def list_events(
         tail = {"has_more": True, "next_before_sequence": page.next_before_sequence}
     body = b'{"data":' + wire.join_array(page.bodies)
     return body + (b"," + wire.dumps(tail)[1:] if tail else b"}"), total
-
-
-async def event_rows(
-    db: AsyncSession,
-    session_id: uuid.UUID,
-    *,
-    after: int,
-    upto: int | None = None,
-    limit: int | None = None,
-) -> list[tuple[int, uuid.UUID, str, str]]:
-    """(sequence, id, type, body) of the events in (after, upto], oldest first: what the
-    streams replay and the fan-out reads at a wake-up."""
-    stmt = (
-        select(
-            models.Event.sequence, models.Event.id, models.Event.type, models.Event.body
-        )
-        .where(models.Event.session_id == session_id, models.Event.sequence > after)
-        .order_by(models.Event.sequence)
-    )
-    if upto is not None:
-        stmt = stmt.where(models.Event.sequence <= upto)
-    if limit is not None:
-        stmt = stmt.limit(limit)
-    return [(r[0], r[1], r[2], r[3]) for r in (await db.execute(stmt)).all()]

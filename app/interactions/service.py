@@ -9,14 +9,16 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import wire
 from app.db import models
+from app.db.rows import MessageRow
 from app.db.types import utcnow
-from app.db.writes import MessageRow, Write
+from app.db.writes import Write
 from app.errors import Conflict, NotFound
 from app.ids import format_id
 from app.interactions import schemas
-from app.messages import checkpoint
+from app.journal import lifecycle
+from app.journal.sessions import lock_owned_session
+from app.journal.tool_calls import tool_transition
 from app.sessions import service as sessions_service
-from app.tools import lifecycle
 
 
 class InteractionNotFound(NotFound):
@@ -108,7 +110,7 @@ async def resolve(
     denial, which the model sees) commit in one checkpoint, and the runner waiting for
     it goes on. An unknown or foreign interaction is 404; one already resolved or
     cancelled is 409; neither writes anything."""
-    session = await sessions_service.lock_owned_session(
+    session = await lock_owned_session(
         db, organization_id=organization_id, session_id=session_id
     )
     message = await _message_of(db, session.id, interaction_id)
@@ -139,7 +141,7 @@ async def resolve(
     denial = "The user denied this tool call" + (
         f": {data.reason}" if data.reason else ""
     )
-    await checkpoint.tool_transition(
+    await tool_transition(
         db,
         session,
         message,

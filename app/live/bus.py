@@ -22,13 +22,15 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
 import orjson
 from sqlalchemy.engine import make_url
 
+from app.backend import Backend
 from app.db.outbox import Outbox
 from app.db.writes import Write
 from app.ids import format_id, uuid7
@@ -52,6 +54,12 @@ log = logging.getLogger("app.live.bus")
 CHANNEL = "evermirror"
 # PostgreSQL refuses NOTIFY payloads of 8000 bytes or more; leave room for the envelope.
 MAX_NOTIFY_BYTES = 7000
+# How long the PostgreSQL bus waits for more live items before it sends what it has.
+COALESCE_SECONDS = 0.005
+# Live items the sender may fall behind by before new ones stay in this process.
+MAX_PENDING = 10_000
+# The longest text two joined deltas may have (a longer one is sent as it is).
+JOIN_LIMIT = 4096
 
 Sink = Callable[[BusItem], None]
 
@@ -98,9 +106,10 @@ class Bus:
     def commit_unknown(self) -> None:
         """Called when a COMMIT failed without an answer: it may have committed."""
 
-    async def publish(self, item: BusItem) -> None:
+    def publish(self, item: BusItem) -> None:
         """Send a live item (part, delta, end of a step, a republish request) to every
-        process, this one first."""
+        process, this one first: its own subscribers have it when this returns; the
+        other processes get it shortly after, without the publisher waiting."""
         raise NotImplementedError
 
     @property
@@ -112,7 +121,7 @@ class MemoryBus(Bus):
     async def start(self) -> None:
         self.on_listening(True)
 
-    async def publish(self, item: BusItem) -> None:
+    def publish(self, item: BusItem) -> None:
         self.sink(item)
 
 
@@ -249,14 +258,26 @@ def split_payload(item: BusItem) -> list[bytes]:
 
 
 class PgBus(Bus):
+    """Live items leave in batches: `publish` delivers an item here at once and queues
+    it; a sender task waits `COALESCE_SECONDS` for more, joins each run of a part's
+    deltas into one, packs the items into as few NOTIFY payloads as fit, and sends them
+    in one round trip. A token streamed to another process costs a share of a NOTIFY,
+    not one, and the model's reader never waits for PostgreSQL."""
+
     def __init__(self, url: str) -> None:
         super().__init__()
         self._dsn = _asyncpg_dsn(url)
         self._listener: asyncpg.Connection | None = None
         self._sender: asyncpg.Connection | None = None
-        self._send_lock = asyncio.Lock()
-        # NOTIFY payloads waiting for the sender connection.
-        self._pending: list[str] = []
+        # Live items waiting for the sender task, in publish order.
+        self._pending: list[BusItem] = []
+        self._queued = asyncio.Event()
+        # The sessions of the live items queued or being sent, and of those being
+        # sent, with the event set when that send ended (see before_commit).
+        self._unsent: set[uuid.UUID | None] = set()
+        self._in_flight: set[uuid.UUID | None] = set()
+        self._sent = asyncio.Event()
+        self._sending: asyncio.Task[None] | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
         # While PostgreSQL refuses the notify connection, live items are dropped without
@@ -275,6 +296,7 @@ class PgBus(Bus):
         self._supervisor = asyncio.create_task(
             self._supervise(), name="pg-bus-supervisor"
         )
+        self._sending = asyncio.create_task(self._send_loop(), name="pg-bus-sender")
 
     async def _connect(self) -> None:
         listener = await asyncpg.connect(
@@ -294,11 +316,20 @@ class PgBus(Bus):
             # Ours: delivered here when it was committed or published.
             return
         try:
-            item = decode(orjson.loads(payload))
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            data = orjson.loads(payload)
+            batch = data.get("items")
+            items = [decode(data)] if batch is None else [decode(i) for i in batch]
+        except (
+            orjson.JSONDecodeError,
+            AttributeError,
+            KeyError,
+            TypeError,
+            ValueError,
+        ):
             log.warning("dropping malformed bus payload")
             return
-        self.sink(item)
+        for item in items:
+            self.sink(item)
 
     async def _supervise(self) -> None:
         """Reconnect the listener after PostgreSQL restarts; subscribers are told to resync."""
@@ -322,16 +353,20 @@ class PgBus(Bus):
 
     async def stop(self) -> None:
         self._stopping = True
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
+        for task in (self._supervisor, self._sending):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for conn in (self._listener, self._sender):
             if conn is not None and not conn.is_closed():
                 with contextlib.suppress(Exception):
                     await conn.close()
 
     async def before_commit(self, db: Write) -> None:
+        woken = db.outbox.wakeups
+        if woken and not self._unsent.isdisjoint(woken):
+            await self._ahead_of(db, woken.keys())
         # NOTIFY is transactional: delivered at COMMIT, discarded on ROLLBACK.
         for item in committed_items(db.outbox):
             db.notify(CHANNEL, self._payload(orjson.dumps(encode(item))))
@@ -341,48 +376,142 @@ class PgBus(Bus):
         # it: every local subscriber re-reads from its own cursor instead.
         self.sink(Resync())
 
-    async def publish(self, item: BusItem) -> None:
+    def publish(self, item: BusItem) -> None:
         self.sink(item)
         if time.monotonic() < self._sender_retry_at:
             return
-        self._pending.extend(self._payload(chunk) for chunk in split_payload(item))
-        async with self._send_lock:
-            # Whoever holds the lock sends everything queued so far, in order, in one
-            # round trip; a publisher that queued behind it finds its items sent.
-            if not self._pending:
+        pending = self._pending
+        self._unsent.add(_session_of(item))
+        if len(pending) >= MAX_PENDING:
+            # The sender is far behind (PostgreSQL is slow to answer): live items are
+            # ephemeral, and other processes converge on the next committed snapshot.
+            return
+        if pending and isinstance(item, TextDelta):
+            joined = joined_delta(pending[-1], item)
+            if joined is not None:
+                pending[-1] = joined
                 return
-            batch, self._pending = self._pending, []
-            try:
-                if self._sender is None or self._sender.is_closed():
-                    self._sender = await asyncpg.connect(
-                        self._dsn,
-                        server_settings={"application_name": "evermirror-notify"},
-                    )
-                await self._sender.executemany(
-                    "SELECT pg_notify($1, $2)", [(CHANNEL, p) for p in batch]
+        pending.append(item)
+        self._queued.set()
+
+    async def _send_loop(self) -> None:
+        while True:
+            await self._queued.wait()
+            # A few milliseconds for more: a streaming turn's next deltas, the other
+            # turns' (bounded added latency, for other processes only).
+            await asyncio.sleep(COALESCE_SECONDS)
+            self._queued.clear()
+            await self._send_pending()
+
+    async def _ahead_of(self, db: Write, woken: Collection[uuid.UUID]) -> None:
+        """Live items of the sessions a commit wakes reach the other processes before
+        its wake-ups (a step's deltas ahead of the step's checkpoint): those still
+        queued go as NOTIFYs of the same transaction, ahead of its own, and a batch
+        already being sent is waited for. No lock that writers share, and no round
+        trip of their own. (If the transaction rolls back, they are not sent: live
+        items are ephemeral, and subscribers converge on the next snapshot.)"""
+        while not self._in_flight.isdisjoint(woken):
+            await self._sent.wait()
+        ours = [i for i in self._pending if _session_of(i) in woken]
+        if ours:
+            self._pending = [i for i in self._pending if _session_of(i) not in woken]
+            for payload in packed(ours, self._origin):
+                db.notify(CHANNEL, payload)
+        self._unsent = {_session_of(i) for i in self._pending} | self._in_flight
+
+    async def _send_pending(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        self._in_flight = {_session_of(i) for i in batch}
+        self._sent = asyncio.Event()
+        try:
+            await self._send(packed(batch, self._origin))
+        finally:
+            self._in_flight = set()
+            self._sent.set()
+            self._unsent = {_session_of(i) for i in self._pending}
+
+    async def _send(self, payloads: list[str]) -> None:
+        try:
+            if self._sender is None or self._sender.is_closed():
+                self._sender = await asyncpg.connect(
+                    self._dsn,
+                    server_settings={"application_name": "evermirror-notify"},
                 )
-            except (
-                OSError,
-                asyncpg.PostgresError,
-                asyncpg.InterfaceError,
-                # Raised by a connection that broke in the middle of an operation.
-                asyncpg.InternalClientError,
-            ) as exc:
-                # Live items are ephemeral: while PostgreSQL is unreachable they are
-                # dropped, and subscribers converge on the next committed snapshot.
-                log.warning("bus publish failed, live items dropped for 0.5 s: %s", exc)
-                self._sender_retry_at = time.monotonic() + 0.5
-                self._pending.clear()
-                if self._sender is not None and not self._sender.is_closed():
-                    self._sender.terminate()
-                self._sender = None
+            await self._sender.executemany(
+                "SELECT pg_notify($1, $2)", [(CHANNEL, p) for p in payloads]
+            )
+        except (
+            OSError,
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+            # Raised by a connection that broke in the middle of an operation.
+            asyncpg.InternalClientError,
+        ) as exc:
+            # Live items are ephemeral: while PostgreSQL is unreachable they are
+            # dropped, and subscribers converge on the next committed snapshot.
+            log.warning("bus publish failed, live items dropped for 0.5 s: %s", exc)
+            self._sender_retry_at = time.monotonic() + 0.5
+            self._pending.clear()
+            if self._sender is not None and not self._sender.is_closed():
+                self._sender.terminate()
+            self._sender = None
 
     @property
     def healthy(self) -> bool:
         return self._listener is not None and not self._listener.is_closed()
 
 
-def create_bus(database_url: str) -> Bus:
-    if database_url.startswith("postgresql"):
+def _session_of(item: BusItem) -> uuid.UUID | None:
+    session_id: uuid.UUID | None = getattr(item, "session_id", None)
+    return session_id
+
+
+def joined_delta(before: BusItem, after: TextDelta) -> TextDelta | None:
+    """One delta for two that follow each other in one part, or None. The joined
+    delta keeps the first one's event id and time: other processes' `/sse` clients
+    see one `output.message.delta` event for the two."""
+    if (
+        type(before) is not TextDelta
+        or before.message_id != after.message_id
+        or before.part_id != after.part_id
+        or before.revision != after.revision
+        or before.event_type != after.event_type
+        or before.tool_call_id != after.tool_call_id
+        or before.offset + utf16_len(before.text) != after.offset
+        or len(before.text) + len(after.text) > JOIN_LIMIT
+    ):
+        return None
+    return replace(before, text=before.text + after.text)
+
+
+def packed(items: list[BusItem], origin: str) -> list[str]:
+    """NOTIFY payloads for `items`, in order: `{"from": ..., "items": [...]}`, as many
+    items to a payload as fit in MAX_NOTIFY_BYTES (a delta too large for one is split
+    into several)."""
+    payloads: list[str] = []
+    current: list[bytes] = []
+    size = 0
+
+    def close() -> None:
+        nonlocal current, size
+        if current:
+            payloads.append(origin + '"items":[' + b",".join(current).decode() + "]}")
+            current, size = [], 0
+
+    for item in items:
+        for encoded in split_payload(item):
+            if size + len(encoded) + 1 > MAX_NOTIFY_BYTES:
+                close()
+            current.append(encoded)
+            size += len(encoded) + 1
+    close()
+    return payloads
+
+
+def create_bus(backend: Backend, database_url: str) -> Bus:
+    """Across processes on a shared database (LISTEN/NOTIFY), in memory otherwise."""
+    if backend.shared:
         return PgBus(database_url)
     return MemoryBus()

@@ -4,7 +4,6 @@ key resolver (key changes) and the turn runner's inbox (kicks, republish request
 wake-ups of the sessions it runs, which is how a cancel sent to any process reaches
 it)."""
 
-import asyncio
 import contextlib
 import time
 import uuid
@@ -13,6 +12,7 @@ from typing import Protocol
 
 from app.auth import KeyResolver
 from app.live.bus import Bus
+from app.live.cache import PageCache
 from app.live.fanout import Fanout
 from app.live.items import (
     BusItem,
@@ -27,7 +27,6 @@ from app.live.items import (
     TextDelta,
     Wakeup,
 )
-from app.messages.cache import PageCache
 from app.metrics import Metrics
 
 # One text delta in this many has its bus lag measured.
@@ -58,7 +57,6 @@ class Dispatcher:
         # Set by the application when metrics are on.
         self.metrics: Metrics | None = None
         self._deltas = 0
-        self._background: set[asyncio.Task[None]] = set()
         bus.sink = self.deliver
         bus.on_listening = self.listening
         fanout.on_missed_part = self.ask_republish
@@ -114,6 +112,4 @@ class Dispatcher:
         self._asked[message_id] = now
         if len(self._asked) > 10_000:
             self._asked.clear()
-        task = asyncio.create_task(self.bus.publish(RepublishParts(message_id)))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self.bus.publish(RepublishParts(message_id))

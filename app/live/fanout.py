@@ -16,17 +16,12 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
-
-from sqlalchemy import select
-from starlette.types import Send
+from typing import Any
 
 from app import wire
-from app.db import models
 from app.db.session import Database
-from app.events import service as events_service
 from app.live import frames
 from app.live.items import (
     Deleted,
@@ -38,275 +33,43 @@ from app.live.items import (
     TextDelta,
     Wakeup,
 )
-from app.ops import logs
+from app.live.outputs import (
+    CYCLE,
+    GONE,
+    HEARTBEAT,
+    RESYNC,
+    REVOKED,
+    DeltaOut,
+    Out,
+    PartOut,
+    WarningOut,
+)
+from app.live.replay import read_checkpoints
+from app.live.subscription import Subscription
+from app.live.writer import StreamWriter
+from app.telemetry import logs
 
 log = logging.getLogger("app.live.fanout")
 
 
-# ---- what subscribers receive ---------------------------------------------------------
+class Text:
+    """A part's text as its deltas arrive: appended in O(1), joined on demand. A
+    prefix of it stays what it was: `upto(n)` is the text after the first n appends."""
 
-
-@dataclass(frozen=True, slots=True)
-class EventOut:
-    """A durable event, encoded for upstream's stream."""
-
-    sequence: int
-    type: str
-    frame: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class MessageOut:
-    """A committed message snapshot, encoded for the Mutation stream."""
-
-    sequence: int
-    visible: bool
-    frame: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class EventMutationOut:
-    """The `turn` or `session` Mutation of a durable event, for the Mutation stream."""
-
-    sequence: int
-    frame: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class PartOut:
-    part_id: str
-    # The UTF-16 length of the part's text so far: where its next delta starts.
-    text_length: int
-    frame: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class DeltaOut:
-    delta: TextDelta
-    sse_frame: bytes
-    mutation_frame: bytes
-    # Where the delta's text ends in its part, in UTF-16 code units.
-    end: int
-
-
-@dataclass(frozen=True, slots=True)
-class WarningOut:
-    """A model retry notice, encoded for both streams."""
-
-    sse_frame: bytes
-    mutation_frame: bytes
-
-
-class Marker:
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"Marker({self.name})"
-
-
-# Re-read from the database (the bus may have missed items, or the channel failed).
-RESYNC = Marker("resync")
-# The process timer: time for a keep-alive comment.
-HEARTBEAT = Marker("heartbeat")
-# The process timer: this stream's connection cycle is over.
-CYCLE = Marker("cycle")
-# The session was deleted.
-GONE = Marker("gone")
-# The key the stream was opened with was revoked.
-REVOKED = Marker("revoked")
-# A frame written from the fan-out's pass has to wait for the socket: the stream's task
-# finishes that write before anything else (see Subscription.direct).
-FLUSH = Marker("flush")
-
-Out = (
-    EventOut | EventMutationOut | MessageOut | PartOut | DeltaOut | WarningOut | Marker
-)
-
-
-class Subscription:
-    """One local subscriber: a bounded queue and one waiter. A subscriber that falls
-    behind by more than its queue size is marked overflowed; its stream ends and the
-    client resumes from its cursor, so a slow reader never slows anyone else.
-
-    While its stream waits with nothing queued, the stream may lend it `direct`: an
-    item offered then is handed to it first, and what it writes to the client itself
-    (a live delta, nearly every item of a streaming turn) goes out in the fan-out's
-    own pass, without waking the stream's task. Nothing is queued ahead of it then, and
-    the stream's task is not writing, so the order is the same."""
-
-    __slots__ = (
-        "closed",
-        "deadline",
-        "direct",
-        "key_hash",
-        "limit",
-        "next_heartbeat",
-        "overflowed",
-        "pending",
-        "session_id",
-        "waiter",
-    )
-
-    def __init__(
-        self,
-        session_id: uuid.UUID,
-        limit: int,
-        heartbeat_seconds: float,
-        key_hash: str | None = None,
-    ) -> None:
-        self.session_id = session_id
-        # The key the stream was opened with (None: open mode).
-        self.key_hash = key_hash
-        self.limit = limit
-        # A list, not a deque: an idle stream holds it, and an empty deque costs a
-        # 0.7 KB block; queues are short, so popping the front is cheap.
-        self.pending: list[Out] = []
-        self.waiter: asyncio.Future[None] | None = None
-        # Set only while the stream waits with nothing queued: takes an item, and
-        # returns None once it wrote or dropped it, else what to queue (the item, or
-        # FLUSH when its write waits for the socket).
-        self.direct: Callable[[Out], Out | None] | None = None
-        self.overflowed = False
-        # The client went away, or its stream was stopped from outside.
-        self.closed = False
-        # When the process timer ends this connection cycle (monotonic); inf: never.
-        self.deadline = float("inf")
-        # When the process timer next offers this stream a heartbeat.
-        self.next_heartbeat = time.monotonic() + heartbeat_seconds
-
-    def offer(self, item: Out) -> None:
-        if self.overflowed or self.closed:
-            return
-        direct = self.direct
-        if direct is not None:
-            queued = direct(item)
-            if queued is None:
-                return
-            item = queued
-        if len(self.pending) >= self.limit:
-            self.overflowed = True
-        else:
-            self.pending.append(item)
-        self._wake()
-
-    def close(self) -> None:
-        self.closed = True
-        self._wake()
-
-    def end(self, marker: "Marker") -> None:
-        """End the stream with `marker` next, ahead of anything still queued."""
-        if not self.closed:
-            self.pending.insert(0, marker)
-            self.closed = True
-            self._wake()
-
-    def _wake(self) -> None:
-        # Woken, the stream writes what is queued first: nothing may pass it now.
-        self.direct = None
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def next(
-        self, direct: Callable[[Out], Out | None] | None = None
-    ) -> Out | None:
-        """The next item; None once the subscription overflowed or was closed (and what
-        `end` queued was taken). `direct` takes the items offered while it waits."""
-        while not self.pending:
-            if self.overflowed or self.closed:
-                return None
-            self.waiter = asyncio.get_running_loop().create_future()
-            self.direct = direct
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
-                self.direct = None
-        if self.overflowed:
-            return None
-        return self.pending.pop(0)
-
-
-class StreamWriter:
-    """One streaming response writing to its socket. Its stream may write a frame at
-    once from outside the response's task (`write_now`); the process timer stops the
-    response (by cancelling its task) when one write has waited longer than the send
-    timeout."""
-
-    __slots__ = ("send", "send_started", "stuck", "task", "unfinished")
+    __slots__ = ("pieces",)
 
     def __init__(self) -> None:
-        # Both set by the response while it streams.
-        self.task: asyncio.Task[Any] | None = None
-        self.send: Send | None = None
-        # Monotonic time the write in progress began; None between writes.
-        self.send_started: float | None = None
-        self.stuck = False
-        # A write `write_now` began that waits for the socket (its coroutine and what
-        # that waits on), or the exception it raised: the task finishes it first.
-        self.unfinished: tuple[Generator[Any, None, None], Any] | Exception | None = (
-            None
-        )
+        self.pieces: list[str] = []
 
-    def write_now(self, chunk: bytes) -> bool:
-        """Write `chunk` now, outside the response's task. False when the write has to
-        wait for the socket, or failed: the task must `finish` it before any other."""
-        assert self.send is not None
-        write = self.send(
-            {"type": "http.response.body", "body": chunk, "more_body": True}
-        ).__await__()
-        try:
-            waiting = write.send(None)
-        except StopIteration:
-            return True
-        except Exception as exc:
-            self.unfinished = exc
-            return False
-        self.unfinished = (write, waiting)
-        self.send_started = time.monotonic()
-        return False
+    def append(self, piece: str) -> int:
+        self.pieces.append(piece)
+        return len(self.pieces)
 
-    async def finish(self) -> None:
-        """Finish what `write_now` began (or raise what it raised)."""
-        unfinished, self.unfinished = self.unfinished, None
-        if isinstance(unfinished, Exception):
-            raise unfinished
-        if unfinished is not None:
-            await _Resumed(*unfinished)
-            self.send_started = None
+    def upto(self, count: int) -> str:
+        return "".join(self.pieces[:count])
 
-    def abandon(self) -> None:
-        """The response ends: nothing more is written, begun or not."""
-        self.send = None
-        unfinished, self.unfinished = self.unfinished, None
-        if isinstance(unfinished, tuple):
-            unfinished[0].close()
-
-
-class _Resumed:
-    """The rest of an await begun outside any task, driven as its task would: each
-    future it waits on is handed to the awaiting task, which resumes it when done."""
-
-    __slots__ = ("coro", "waiting")
-
-    def __init__(self, coro: Generator[Any, None, None], waiting: Any) -> None:
-        self.coro = coro
-        self.waiting = waiting
-
-    def __await__(self) -> Generator[Any, None, None]:
-        coro, waiting = self.coro, self.waiting
-        try:
-            while True:
-                yield waiting
-                waiting = coro.send(None)
-        except StopIteration:
-            return
-        except BaseException:
-            coro.close()
-            raise
+    def value(self) -> str:
+        return "".join(self.pieces)
 
 
 @dataclass
@@ -319,6 +82,21 @@ class Projection:
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The UTF-16 length of each part's text, kept per delta (not measured again).
     units: dict[str, int] = field(default_factory=dict)
+    # The text each part's deltas added since it was last joined into the part: one
+    # append per delta, whatever the length of the text so far.
+    chunks: dict[str, Text] = field(default_factory=dict)
+
+    def joined(self) -> list[dict[str, Any]]:
+        """The parts, each with its whole text so far (copies)."""
+        parts = []
+        for part_id, part in self.parts.items():
+            part = dict(part)
+            text = self.chunks.get(part_id)
+            if text is not None:
+                key = text_key(part)
+                part[key] = part.get(key, "") + text.value()
+            parts.append(part)
+        return parts
 
 
 def text_key(part: dict[str, Any]) -> str:
@@ -343,10 +121,17 @@ class Channel:
     task: asyncio.Task[None] | None = None
     # Whether the pump is handling an item (a wake-up's read may be in progress).
     busy: bool = False
+    # Live items for the subscribers, offered on the event loop's next turn (`flush`).
+    live: list[Out] = field(default_factory=list)
 
     def offer(self, item: Out) -> None:
         for sub in tuple(self.subscribers):
             sub.offer(item)
+
+    def flush(self) -> None:
+        items, self.live = self.live, []
+        for item in items:
+            self.offer(item)
 
 
 class Fanout:
@@ -394,10 +179,12 @@ class Fanout:
             self._to_channel(item.session_id, item)
         elif isinstance(item, Resync):
             for channel in self.channels.values():
+                channel.flush()
                 channel.inbox.put_nowait(RESYNC)
         elif isinstance(item, Deleted):
             gone = self.channels.get(item.session_id)
             if gone is not None:
+                gone.flush()
                 for sub in tuple(gone.subscribers):
                     sub.offer(GONE)
 
@@ -406,12 +193,18 @@ class Fanout:
         if channel is None:
             return
         if channel.busy or not channel.inbox.empty() or isinstance(item, Wakeup):
-            # Behind a wake-up's read: it goes out after what that read finds.
+            # Behind a wake-up's read: it goes out after what that read finds, and
+            # after the live items before it.
+            channel.flush()
             channel.inbox.put_nowait(item)
         else:
-            # Nothing is ahead of it: straight to the subscribers, without a hop
-            # through the pump (nearly every live item of a streaming turn).
-            channel.offer(item)
+            # Nothing is ahead of it: to the subscribers without a hop through the
+            # pump (nearly every live item of a streaming turn), on the loop's next
+            # turn: the publisher (the model's reader) goes on at once, and writing
+            # to a thousand sockets is not its wait.
+            channel.live.append(item)
+            if len(channel.live) == 1:
+                asyncio.get_running_loop().call_soon(channel.flush)
 
     def _project(self, item: PartStarted | TextDelta | StepEnded) -> Out | None:
         """Apply a live item to the projection. Returns what subscribers get (a delta
@@ -429,6 +222,8 @@ class Fanout:
             part = dict(item.part)
             part_id = part["part_id"]
             projection.parts[part_id] = part
+            # The part as it stands now replaces what its deltas had added.
+            projection.chunks.pop(part_id, None)
             units = projection.units[part_id] = text_units(part)
             return PartOut(
                 part_id,
@@ -452,12 +247,22 @@ class Fanout:
                 return None
             delta = _trimmed(item, known)
             length -= overlap
-        key = text_key(known_part)
-        known_part[key] = accumulated = known_part.get(key, "") + delta.text
+        text = projection.chunks.get(item.part_id)
+        if text is None:
+            text = projection.chunks[item.part_id] = Text()
+        count = text.append(delta.text)
         end = projection.units[item.part_id] = delta.offset + length
+        start = known_part.get(text_key(known_part), "")
+        retry_ms = self.retry_ms
+
+        def sse_frame() -> bytes:
+            # Upstream's `accumulated`: the part's text up to and including this delta.
+            accumulated = start + text.upto(count)
+            return frames.delta_event(delta, accumulated, retry_ms)
+
         return DeltaOut(
             delta,
-            frames.delta_event(delta, accumulated, self.retry_ms),
+            sse_frame,
             frames.delta_mutation(delta, delta.offset, delta.text),
             end,
         )
@@ -466,7 +271,7 @@ class Fanout:
         self, session_id: uuid.UUID
     ) -> list[tuple[Projection, list[dict[str, Any]]]]:
         return [
-            (p, [dict(part) for part in p.parts.values()])
+            (p, p.joined())
             for p in self.projections.values()
             if p.session_id == session_id
         ]
@@ -581,6 +386,32 @@ class Fanout:
 
     # ---- per-session reads ---------------------------------------------------------
 
+    async def _read_checkpoints(self, channel: Channel, upto: int) -> list[Out]:
+        """Read what committed in (channel.last, upto], once for every subscriber."""
+        if channel.last is None:
+            # First wake-up since the channel opened: read from where the subscribers
+            # that went live began, so that none has a gap to read for itself (one
+            # still starting fills its own). A subscriber that began later skips the
+            # events it has; without a cursor it is sent the newest snapshot of a
+            # message changed since the earliest began, as it is of one changed while
+            # it started.
+            started = [
+                sub.started_at
+                for sub in channel.subscribers
+                if sub.started_at is not None
+            ]
+            channel.last = min([upto - 1, *started])
+        if upto <= channel.last:
+            return []
+        channel.last, items = await read_checkpoints(
+            self.database,
+            channel.session_id,
+            after=channel.last,
+            upto=upto,
+            retry_ms=self.retry_ms,
+        )
+        return items
+
     async def _pump(self, channel: Channel) -> None:
         # Created inside the request of the channel's first stream: its log lines are
         # the session's, not that request's.
@@ -605,115 +436,6 @@ class Fanout:
                 items = [item]
             for out in items:
                 channel.offer(out)
-
-    async def _read_checkpoints(self, channel: Channel, upto: int) -> list[Out]:
-        """Read what committed in (channel.last, upto], once for every subscriber."""
-        if channel.last is None:
-            # First wake-up since the channel opened: subscribers replayed up to their
-            # own cursors, and they fill any gap below this item themselves.
-            channel.last = upto - 1
-        if upto <= channel.last:
-            return []
-        async with self.database.read() as db:
-            events = await events_service.event_rows(
-                db, channel.session_id, after=channel.last, upto=upto
-            )
-            messages = (
-                await db.execute(
-                    select(*MUTATION_COLUMNS)
-                    .where(
-                        models.Message.session_id == channel.session_id,
-                        models.Message.changed_sequence > channel.last,
-                        models.Message.changed_sequence <= upto,
-                    )
-                    .order_by(models.Message.changed_sequence)
-                )
-            ).all()
-        channel.last = max(channel.last, events[-1][0] if events else upto)
-        changes: list[tuple[int, int, Out]] = []
-        for sequence, event_id, event_type, body in events:
-            changes.append(
-                (
-                    sequence,
-                    EVENT,
-                    EventOut(
-                        sequence,
-                        event_type,
-                        frames.durable_event(event_id, event_type, body, self.retry_ms),
-                    ),
-                )
-            )
-            mutation = frames.event_mutation(channel.session_id, event_type, body)
-            if mutation is not None:
-                changes.append(
-                    (sequence, EVENT_MUTATION, EventMutationOut(sequence, mutation))
-                )
-        changes.extend(
-            (
-                row.changed_sequence,
-                SNAPSHOT,
-                MessageOut(
-                    row.changed_sequence,
-                    row.visibility == "visible",
-                    message_frame(channel.session_id, row),
-                ),
-            )
-            for row in messages
-        )
-        return checkpoint_order(changes)
-
-
-# The kinds of durable change, in the order they go out at one sequence.
-EVENT, EVENT_MUTATION, SNAPSHOT = 0, 1, 2
-T = TypeVar("T")
-
-
-def checkpoint_order(changes: list[tuple[int, int, T]]) -> list[T]:
-    """Durable changes (sequence, kind, value) in the order the streams send them.
-    Events go out in sequence. A `message` snapshot carries its checkpoint's last
-    sequence, so it follows the checkpoint's events. An event's `turn` or `session`
-    Mutation waits for the snapshots of its checkpoint: a client that sees a turn end
-    already has the message that ended it. (A checkpoint that changed no message lets
-    its Mutations out at the next one's snapshots, or at the end.)"""
-    changes.sort(key=lambda change: change[:2])
-    out: list[T] = []
-    deferred: list[T] = []
-    for index, (sequence, kind, value) in enumerate(changes):
-        if kind == EVENT_MUTATION:
-            deferred.append(value)
-            continue
-        out.append(value)
-        last_at_sequence = (
-            index + 1 == len(changes) or changes[index + 1][0] != sequence
-        )
-        if kind == SNAPSHOT and last_at_sequence:
-            out.extend(deferred)
-            deferred.clear()
-    out.extend(deferred)
-    return out
-
-
-# What a `message` Mutation is made of, as the fan-out and the replays read it.
-MUTATION_COLUMNS = (
-    models.Message.changed_sequence,
-    models.Message.visibility,
-    models.Message.snapshot,
-    models.Message.id,
-    models.Message.revision,
-    models.Message.updated_at,
-)
-
-
-def message_frame(session_id: uuid.UUID, row: Any) -> bytes:
-    """The `message` Mutation of a row of MUTATION_COLUMNS."""
-    return frames.message_mutation(
-        row.changed_sequence,
-        row.snapshot,
-        session_id=session_id,
-        message_id=row.id,
-        revision=row.revision,
-        updated_at=row.updated_at,
-    )
 
 
 def _trimmed(delta: TextDelta, known: int) -> TextDelta:

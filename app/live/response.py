@@ -24,8 +24,9 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.errors import session_in_path
-from app.live.fanout import Fanout, StreamWriter
-from app.ops import logs
+from app.live.fanout import Fanout
+from app.live.writer import StreamWriter
+from app.telemetry import logs
 
 log = logging.getLogger("app.live.response")
 

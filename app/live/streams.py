@@ -7,7 +7,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, select
@@ -15,35 +15,36 @@ from sqlalchemy import bindparam, select
 from app import wire
 from app.db import models
 from app.db.session import Database
-from app.events import service as events_service
 from app.ids import format_id
+from app.journal.events import event_rows
 from app.live import frames
-from app.live.fanout import (
+from app.live.fanout import Fanout, text_units
+from app.live.items import MODEL_RETRY
+from app.live.outputs import (
     CYCLE,
-    EVENT_MUTATION,
     FLUSH,
     GONE,
     HEARTBEAT,
-    MUTATION_COLUMNS,
     RESYNC,
     REVOKED,
-    SNAPSHOT,
     DeltaOut,
     EventMutationOut,
     EventOut,
-    Fanout,
     Marker,
     MessageOut,
     Out,
     PartOut,
-    StreamWriter,
-    Subscription,
     WarningOut,
+)
+from app.live.replay import (
+    EVENT_MUTATION,
+    MUTATION_COLUMNS,
+    SNAPSHOT,
     checkpoint_order,
     message_frame,
-    text_units,
 )
-from app.live.items import MODEL_RETRY
+from app.live.subscription import Subscription
+from app.live.writer import StreamWriter
 
 REPLAY_PAGE = 500
 
@@ -135,7 +136,258 @@ class Position:
     sequence: int
 
 
-async def upstream_events(
+class UpstreamView:
+    """Upstream's `/sse` as one client sees it: `connected`, replay after the cursor,
+    then durable events in sequence and the live deltas its filter accepts."""
+
+    def __init__(
+        self,
+        database: Database,
+        session_id: uuid.UUID,
+        cursor: int | None,
+        accept: Callable[[str], bool],
+        config: StreamConfig,
+    ) -> None:
+        self.database = database
+        self.session_id = session_id
+        self.cursor = cursor
+        self.accept = accept
+        self.config = config
+        self.position = Position(0)
+
+    async def start(self) -> AsyncIterator[bytes]:
+        # The starting position is fixed before `connected` goes out: a client that
+        # acts on `connected` (posts a message) must see everything that follows.
+        if self.cursor is None:
+            self.position.sequence = await _last_sequence(
+                self.database, self.session_id
+            )
+        else:
+            self.position.sequence = self.cursor
+        yield frames.connected(self.config.retry_ms)
+        if self.cursor is not None:
+            async for chunk in self.replay():
+                yield chunk
+
+    @property
+    def sequence(self) -> int:
+        """The durable sequence the client has been given up to."""
+        return self.position.sequence
+
+    def delta_frame(self, item: DeltaOut) -> bytes | None:
+        return item.sse_frame if self.accept(item.delta.event_type) else None
+
+    def overflow_frames(self) -> tuple[bytes, ...]:
+        return (frames.disconnecting("error", self.config.retry_ms),)
+
+    def catch_up(self, item: Out) -> AsyncIterator[bytes] | None:
+        if item is RESYNC:
+            return self.replay()
+        if isinstance(item, EventOut) and item.sequence > self.position.sequence + 1:
+            return self.replay(upto=item.sequence - 1)
+        return None
+
+    def frame(self, item: Out) -> bytes | None:
+        if isinstance(item, EventOut):
+            if item.sequence <= self.position.sequence:
+                return None
+            self.position.sequence = item.sequence
+            return item.frame if self.accept(item.type) else None
+        if isinstance(item, WarningOut):
+            return item.sse_frame if self.accept(MODEL_RETRY) else None
+        return None
+
+    def replay(self, upto: int | None = None) -> AsyncIterator[bytes]:
+        return _replay_events(
+            self.database,
+            self.session_id,
+            self.position,
+            self.accept,
+            self.config,
+            upto,
+        )
+
+
+class MutationView:
+    """The Mutation stream as one client sees it: `message` snapshots changed after
+    its cursor, the live parts, then snapshots, `turn`/`session` Mutations and deltas
+    trimmed to what it lacks."""
+
+    def __init__(
+        self,
+        database: Database,
+        fanout: Fanout,
+        session_id: uuid.UUID,
+        after: int | None,
+        include_internal: bool,
+        config: StreamConfig,
+    ) -> None:
+        self.database = database
+        self.fanout = fanout
+        self.session_id = session_id
+        self.after = after
+        self.include_internal = include_internal
+        self.config = config
+        # What the stream had replayed up to when it started, and the newest durable
+        # sequence it has seen since.
+        self.last = 0
+        self.cursor = 0
+        # UTF-16 code units of each live part this client has been sent, to trim
+        # overlaps.
+        self.sent: dict[str, int] = {}
+
+    async def start(self) -> AsyncIterator[bytes]:
+        # First, before any read: the reconnection time, and the sign that the stream
+        # is subscribed (whatever commits from now on reaches it).
+        yield frames.retry(self.config.retry_ms)
+        self.last = self.cursor = await _last_sequence(self.database, self.session_id)
+        if self.after is not None and self.after > self.last:
+            yield frames.reset("cursor_ahead")
+            self.after = None
+        if self.after is not None:
+            async for chunk in self.changed(self.after, self.last):
+                yield chunk
+        for projection, parts in self.fanout.live_parts(self.session_id):
+            for part in parts:
+                self.sent[part["part_id"]] = text_units(part)
+                yield frames.part_mutation(
+                    self.session_id, projection.message_id, projection.revision, part
+                )
+
+    @property
+    def sequence(self) -> int:
+        """The durable sequence the client has been given up to."""
+        return self.cursor
+
+    def delta_frame(self, item: DeltaOut) -> bytes | None:
+        return _delta_mutation(item, self.sent)
+
+    def overflow_frames(self) -> tuple[bytes, ...]:
+        return (
+            frames.reset("slow_consumer"),
+            frames.disconnecting("error", self.config.retry_ms),
+        )
+
+    def catch_up(self, item: Out) -> AsyncIterator[bytes] | None:
+        if item is RESYNC:
+            return self.resync()
+        if isinstance(item, EventOut) and item.sequence > self.cursor + 1:
+            return self.changed(self.cursor, item.sequence - 1)
+        return None
+
+    def frame(self, item: Out) -> bytes | None:
+        if isinstance(item, EventOut):
+            self.cursor = max(self.cursor, item.sequence)
+            return None
+        # Replayed snapshots and Mutations already cover what committed up to `last`;
+        # without a cursor nothing was replayed, so every checkpoint is sent (one that
+        # committed after the stream subscribed but before it read `last` is one the
+        # client may lack).
+        if isinstance(item, EventMutationOut):
+            return (
+                item.frame if self.after is None or item.sequence > self.last else None
+            )
+        if isinstance(item, MessageOut):
+            if self.after is not None and item.sequence <= self.last:
+                return None
+            return item.frame if self.include_internal or item.visible else None
+        if isinstance(item, PartOut):
+            self.sent[item.part_id] = item.text_length
+            return item.frame
+        if isinstance(item, WarningOut):
+            return item.mutation_frame
+        return None
+
+    def changed(self, after: int, upto: int | None) -> AsyncIterator[bytes]:
+        return _changed_messages(
+            self.database, self.session_id, after, upto, self.include_internal
+        )
+
+    async def resync(self) -> AsyncIterator[bytes]:
+        async for chunk in self.changed(self.cursor, None):
+            yield chunk
+        self.cursor = max(
+            self.cursor, await _last_sequence(self.database, self.session_id)
+        )
+
+
+View = UpstreamView | MutationView
+
+
+async def _stream(
+    view: View,
+    *,
+    fanout: Fanout,
+    session_id: uuid.UUID,
+    config: StreamConfig,
+    release: Callable[[], None],
+    key_hash: str | None,
+    writer: StreamWriter | None,
+) -> AsyncGenerator[bytes, None]:
+    """The loop both streams share: subscribe, let the view start, then write what the
+    subscription receives through the view, batched, until the server closes the
+    connection (a marker) or the client falls too far behind. Through `writer` (its
+    response's) live deltas go straight out from the fan-out's pass."""
+    sub = fanout.subscribe(session_id, key_hash)
+    delta_frame = view.delta_frame
+
+    def direct(item: Out) -> Out | None:
+        if type(item) is not DeltaOut or writer is None or writer.send is None:
+            return item
+        frame = delta_frame(item)
+        if frame is None:
+            return None
+        return None if writer.write_now(frame) else FLUSH
+
+    try:
+        async for chunk in view.start():
+            yield chunk
+        sub.started_at = view.sequence
+        sub.deadline = _cycle_deadline(config.cycle_seconds)
+        batch = Batch()
+        while True:
+            if batch.due(sub):
+                yield batch.take()
+            item = await sub.next(direct)
+            if item is None:
+                if sub.overflowed:
+                    _overflowed(session_id, sub.limit)
+                    for closing in view.overflow_frames():
+                        batch.add(closing)
+                if batch:
+                    yield batch.take()
+                return
+            # Deltas first: nearly every item of a streaming turn is one.
+            if type(item) is DeltaOut:
+                frame = delta_frame(item)
+                if frame is not None:
+                    batch.add(frame)
+            elif item is FLUSH:
+                # The response finishes the write `direct` began.
+                yield b""
+            elif item is HEARTBEAT:
+                if config.keepalive is not None:
+                    batch.add(config.keepalive)
+            elif isinstance(item, Marker) and item is not RESYNC:
+                batch.add(frames.disconnecting(CLOSE_REASONS[item], config.retry_ms))
+                yield batch.take()
+                return
+            else:
+                replay = view.catch_up(item)
+                if replay is not None:
+                    if batch:
+                        yield batch.take()
+                    async for chunk in replay:
+                        yield chunk
+                frame = view.frame(item)
+                if frame is not None:
+                    batch.add(frame)
+    finally:
+        fanout.unsubscribe(sub)
+        release()
+
+
+def upstream_events(
     *,
     database: Database,
     fanout: Fanout,
@@ -146,90 +398,46 @@ async def upstream_events(
     release: Callable[[], None],
     key_hash: str | None = None,
     writer: StreamWriter | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """Upstream's `/sse`: `connected`, replay after the cursor, then the live tail.
-    Revoking `key_hash` (the key it was opened with) ends it. Through `writer` (its
-    response's) it writes live deltas straight from the fan-out's pass."""
-    sub = fanout.subscribe(session_id, key_hash)
+    Revoking `key_hash` (the key it was opened with) ends it."""
+    view = UpstreamView(database, session_id, cursor, accept, config)
+    return _stream(
+        view,
+        fanout=fanout,
+        session_id=session_id,
+        config=config,
+        release=release,
+        key_hash=key_hash,
+        writer=writer,
+    )
 
-    def direct(item: Out) -> Out | None:
-        if type(item) is not DeltaOut or writer is None or writer.send is None:
-            return item
-        if not accept(item.delta.event_type):
-            return None
-        return None if writer.write_now(item.sse_frame) else FLUSH
 
-    try:
-        # The starting position is fixed before `connected` goes out: a client that acts
-        # on `connected` (posts a message) must see everything that follows.
-        if cursor is None:
-            position = Position(await _last_sequence(database, session_id))
-        else:
-            position = Position(cursor)
-        yield frames.connected(config.retry_ms)
-        if cursor is not None:
-            async for chunk in _replay_events(
-                database, session_id, position, accept, config
-            ):
-                yield chunk
-        sub.deadline = _cycle_deadline(config.cycle_seconds)
-        batch = Batch()
-        while True:
-            if batch.due(sub):
-                yield batch.take()
-            item = await sub.next(direct)
-            if item is None:
-                if sub.overflowed:
-                    _overflowed(session_id, sub.limit)
-                    batch.add(frames.disconnecting("error", config.retry_ms))
-                if batch:
-                    yield batch.take()
-                return
-            # Deltas first: nearly every item of a streaming turn is one.
-            if type(item) is DeltaOut:
-                if accept(item.delta.event_type):
-                    batch.add(item.sse_frame)
-            elif isinstance(item, WarningOut):
-                if accept(MODEL_RETRY):
-                    batch.add(item.sse_frame)
-            elif isinstance(item, EventOut):
-                if item.sequence <= position.sequence:
-                    continue
-                if item.sequence > position.sequence + 1:
-                    if batch:
-                        yield batch.take()
-                    async for chunk in _replay_events(
-                        database,
-                        session_id,
-                        position,
-                        accept,
-                        config,
-                        upto=item.sequence - 1,
-                    ):
-                        yield chunk
-                position.sequence = item.sequence
-                if accept(item.type):
-                    batch.add(item.frame)
-            elif item is FLUSH:
-                # The response finishes the write `direct` began.
-                yield b""
-            elif item is HEARTBEAT:
-                if config.keepalive is not None:
-                    batch.add(config.keepalive)
-            elif item is RESYNC:
-                if batch:
-                    yield batch.take()
-                async for chunk in _replay_events(
-                    database, session_id, position, accept, config
-                ):
-                    yield chunk
-            elif isinstance(item, Marker):
-                batch.add(frames.disconnecting(CLOSE_REASONS[item], config.retry_ms))
-                yield batch.take()
-                return
-    finally:
-        fanout.unsubscribe(sub)
-        release()
+def message_mutations(
+    *,
+    database: Database,
+    fanout: Fanout,
+    session_id: uuid.UUID,
+    after: int | None,
+    include_internal: bool,
+    config: StreamConfig,
+    release: Callable[[], None],
+    key_hash: str | None = None,
+    writer: StreamWriter | None = None,
+) -> AsyncGenerator[bytes, None]:
+    """The Mutation stream: `message` snapshots with cursor ids, `part`/`delta` of the
+    live projection, `reset` when the cursor cannot be honoured, and `disconnecting`
+    before every close the server decides, as on `/sse`. Revoking `key_hash` ends it."""
+    view = MutationView(database, fanout, session_id, after, include_internal, config)
+    return _stream(
+        view,
+        fanout=fanout,
+        session_id=session_id,
+        config=config,
+        release=release,
+        key_hash=key_hash,
+        writer=writer,
+    )
 
 
 async def _replay_events(
@@ -244,7 +452,7 @@ async def _replay_events(
     short read; advances `position` past every event read, sent or filtered out."""
     while True:
         async with database.read() as db:
-            rows = await events_service.event_rows(
+            rows = await event_rows(
                 db, session_id, after=position.sequence, upto=upto, limit=REPLAY_PAGE
             )
         for sequence, event_id, event_type, body in rows:
@@ -269,126 +477,6 @@ def _delta_mutation(item: DeltaOut, sent: dict[str, int]) -> bytes | None:
             delta, known, wire.utf16_tail(delta.text, known - delta.offset)
         )
     return item.mutation_frame
-
-
-async def message_mutations(
-    *,
-    database: Database,
-    fanout: Fanout,
-    session_id: uuid.UUID,
-    after: int | None,
-    include_internal: bool,
-    config: StreamConfig,
-    release: Callable[[], None],
-    key_hash: str | None = None,
-    writer: StreamWriter | None = None,
-) -> AsyncIterator[bytes]:
-    """The Mutation stream: `message` snapshots with cursor ids, `part`/`delta` of the
-    live projection, `reset` when the cursor cannot be honoured, and `disconnecting`
-    before every close the server decides, as on `/sse`. Revoking `key_hash` ends it.
-    Through `writer` (its response's) it writes live deltas straight from the
-    fan-out's pass."""
-    sub = fanout.subscribe(session_id, key_hash)
-    # UTF-16 code units of each live part this client has been sent, to trim overlaps.
-    sent: dict[str, int] = {}
-
-    def direct(item: Out) -> Out | None:
-        if type(item) is not DeltaOut or writer is None or writer.send is None:
-            return item
-        frame = _delta_mutation(item, sent)
-        if frame is None:
-            return None
-        return None if writer.write_now(frame) else FLUSH
-
-    try:
-        # First, before any read: the reconnection time, and the sign that the stream
-        # is subscribed (whatever commits from now on reaches it).
-        yield frames.retry(config.retry_ms)
-        last = await _last_sequence(database, session_id)
-        if after is not None and after > last:
-            yield frames.reset("cursor_ahead")
-            after = None
-        cursor = last
-        if after is not None:
-            async for chunk in _changed_messages(
-                database, session_id, after, last, include_internal
-            ):
-                yield chunk
-        for projection, parts in fanout.live_parts(session_id):
-            for part in parts:
-                sent[part["part_id"]] = text_units(part)
-                yield frames.part_mutation(
-                    session_id, projection.message_id, projection.revision, part
-                )
-        sub.deadline = _cycle_deadline(config.cycle_seconds)
-        batch = Batch()
-        while True:
-            if batch.due(sub):
-                yield batch.take()
-            item = await sub.next(direct)
-            if item is None:
-                if sub.overflowed:
-                    _overflowed(session_id, sub.limit)
-                    batch.add(frames.reset("slow_consumer"))
-                    batch.add(frames.disconnecting("error", config.retry_ms))
-                if batch:
-                    yield batch.take()
-                return
-            # Deltas first: nearly every item of a streaming turn is one.
-            if type(item) is DeltaOut:
-                frame = _delta_mutation(item, sent)
-                if frame is not None:
-                    batch.add(frame)
-            elif isinstance(item, EventOut):
-                if item.sequence > cursor + 1:
-                    if batch:
-                        yield batch.take()
-                    async for chunk in _changed_messages(
-                        database,
-                        session_id,
-                        cursor,
-                        item.sequence - 1,
-                        include_internal,
-                    ):
-                        yield chunk
-                cursor = max(cursor, item.sequence)
-            elif isinstance(item, EventMutationOut):
-                # As for snapshots: a replay already sent what committed up to `last`.
-                if after is None or item.sequence > last:
-                    batch.add(item.frame)
-            elif isinstance(item, MessageOut):
-                # Replayed snapshots already cover what committed up to `last`; without
-                # a cursor nothing was replayed, so every checkpoint is sent.
-                if after is not None and item.sequence <= last:
-                    continue
-                if include_internal or item.visible:
-                    batch.add(item.frame)
-            elif isinstance(item, PartOut):
-                sent[item.part_id] = item.text_length
-                batch.add(item.frame)
-            elif isinstance(item, WarningOut):
-                batch.add(item.mutation_frame)
-            elif item is FLUSH:
-                # The response finishes the write `direct` began.
-                yield b""
-            elif item is HEARTBEAT:
-                if config.keepalive is not None:
-                    batch.add(config.keepalive)
-            elif item is RESYNC:
-                if batch:
-                    yield batch.take()
-                async for chunk in _changed_messages(
-                    database, session_id, cursor, None, include_internal
-                ):
-                    yield chunk
-                cursor = max(cursor, await _last_sequence(database, session_id))
-            elif isinstance(item, Marker):
-                batch.add(frames.disconnecting(CLOSE_REASONS[item], config.retry_ms))
-                yield batch.take()
-                return
-    finally:
-        fanout.unsubscribe(sub)
-        release()
 
 
 async def _changed_messages(

@@ -8,6 +8,7 @@ from pydantic import Field
 from app.schemas import (
     FREE_JSON_NOTE,
     LONG_TEXT_NOTE,
+    ActionType,
     ClientMessageId,
     InputSchema,
     JsonObject,
@@ -251,15 +252,6 @@ class InteractionPart(PartBase):
     cancel_reason: str | None = Field(
         default=None, description="turn_stopped or runtime_interrupted."
     )
-
-
-# What a session PATCH changes that a turn runs with (app/sessions/actions.py).
-ActionType = Literal[
-    "model_changed",
-    "approval_mode_changed",
-    "system_prompt_changed",
-    "tools_changed",
-]
 
 
 class ActionPart(PartBase):

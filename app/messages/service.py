@@ -8,19 +8,20 @@ from typing import Any
 
 from app import wire
 from app.db.reads import Reads, SessionHead
-from app.db.writes import DuplicateMessage, Write
+from app.db.rows import DuplicateMessage
+from app.db.writes import Write
 from app.errors import (
     ClientMessageIdConflict,
     InvalidRequest,
     MessageNotFound,
-    SessionNotFound,
     clip,
 )
 from app.ids import format_id
-from app.messages import checkpoint, schemas
-from app.messages.admission import TurnAdmission
-from app.messages.cache import CachedPage, PageCache
-from app.sessions import service as sessions_service
+from app.journal import checkpoint
+from app.journal.admission import TurnAdmission
+from app.journal.sessions import lock_owned_session, owned
+from app.live.cache import CachedPage, PageCache
+from app.messages import schemas
 
 
 async def create_message(
@@ -40,7 +41,7 @@ async def create_message(
     the running one (`steered`)."""
     if data.message.role != "user":
         raise InvalidRequest("Only user messages can be created through this endpoint")
-    session = await sessions_service.lock_owned_session(
+    session = await lock_owned_session(
         db, organization_id=organization_id, session_id=session_id
     )
     content = [part.model_dump(exclude_none=True) for part in data.message.content]
@@ -186,8 +187,8 @@ def cached_page(
     """The newest page from memory, if this process holds it for this organization."""
     if query.before_sequence is not None:
         return None
-    entry = cache.entry(session_id)
-    if entry is None or entry.organization_id != organization_id:
+    entry = cache.owned_entry(session_id, organization_id)
+    if entry is None:
         return None
     return entry.pages.get((query.limit, query.include_internal))
 
@@ -252,8 +253,8 @@ async def list_messages(
         before_sequence=query.before_sequence,
         include_internal=query.include_internal,
     )
-    if result is None or result.head.organization_id != organization_id:
-        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
+    owned(None if result is None else result.head, organization_id, session_id)
+    assert result is not None
     head = result.head
     etag = etag_for(head.last_sequence, query)
     body = render_page(head, result.rows, query, max_bytes)
@@ -275,8 +276,8 @@ def cached_message(
     session_id: uuid.UUID,
     message_id: uuid.UUID,
 ) -> bytes | None:
-    entry = cache.entry(session_id)
-    if entry is None or entry.organization_id != organization_id:
+    entry = cache.owned_entry(session_id, organization_id)
+    if entry is None:
         return None
     return entry.messages.get(message_id)
 
@@ -298,8 +299,8 @@ async def get_message(
     if hit is not None:
         return hit
     row = await reads.message(session_id, message_id)
-    if row is None or row.head.organization_id != organization_id:
-        raise SessionNotFound(f"Session {format_id('session', session_id)} not found")
+    owned(None if row is None else row.head, organization_id, session_id)
+    assert row is not None
     if row.snapshot is None:
         raise MessageNotFound(f"Message {format_id('message', message_id)} not found")
     cache.store_message(

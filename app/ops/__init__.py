@@ -1,1 +1,1 @@
-"""Operating the service: logs, and what probes and operators read."""
+"""Operations on a running service: the drain on SIGTERM and readiness."""

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.state import AppState
+from app.api.state import AppState
 
 log = logging.getLogger("app.ops.drain")
 
@@ -90,7 +90,7 @@ async def drain(
         report.seconds,
         report.finished,
         report.interrupted,
-        " (handed over)" if interrupted and runner.is_distributed else "",
+        " (handed over)" if interrupted and runner.backend.shared else "",
         report.streams,
     )
     return report

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.exc import DBAPIError
 
+from app.api.state import AppState
 from app.db.migrate import applied_revisions, head_revisions
-from app.state import AppState
 
 log = logging.getLogger("app.ops.ready")
 

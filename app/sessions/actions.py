@@ -14,10 +14,11 @@ from typing import Any
 
 from app.db import models
 from app.db.writes import Write
-from app.events.service import EventSpec
-from app.messages import checkpoint
-from app.messages.schemas import ActionType
-from app.sessions.service import lock_session
+from app.journal import checkpoint
+from app.journal.actions import action_part, append_actions
+from app.journal.events import EventSpec
+from app.journal.sessions import lock_session
+from app.schemas import ActionType
 
 # Session attribute -> action_type. Only these change what a turn does.
 ACTION_TYPES: dict[str, ActionType] = {
@@ -62,7 +63,7 @@ async def record_changes(
         if old == new:
             continue
         parts.append(
-            checkpoint.action_part(
+            action_part(
                 action_type,
                 _title(field, new, model_name),
                 {"field": field, "old": old, "new": new},
@@ -82,6 +83,6 @@ async def record_changes(
     if not parts:
         await checkpoint.append_events(db, session, events)
         return
-    await checkpoint.append_actions(
+    await append_actions(
         db, session, turn_id=session.active_turn_id, parts=parts, events=events
     )

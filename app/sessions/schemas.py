@@ -49,7 +49,7 @@ ACTION_NOTE = (
 
 # Strings and numbers also pass app/schemas.check_value; goal and system_prompt are
 # capped by MAX_TEXT_CHARS, metadata and hints by MAX_JSON_BYTES and MAX_JSON_DEPTH
-# (settings, checked by app/guards.py).
+# (settings, checked by app/api/guards.py).
 
 
 class SessionCreate(InputSchema):

@@ -11,9 +11,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import wire
 from app.db import models
 from app.db.types import utcnow
-from app.db.writes import LockedSession, Write
-from app.errors import SessionNotFound
+from app.db.writes import Write
 from app.ids import format_id, uuid7
+from app.journal.sessions import lock_owned_session, session_not_found
 from app.sessions import schemas
 
 DEFAULT_HARNESS_ID = "harness_" + uuid.UUID(int=1).hex
@@ -101,29 +101,6 @@ async def create_session(
     conn = await db.core()
     await conn.execute(insert(models.Session).values(values))
     return models.Session(**values)
-
-
-def session_not_found(session_id: uuid.UUID) -> SessionNotFound:
-    """The 404 of a session that does not exist, was deleted, or belongs to another
-    organization (indistinguishable on purpose)."""
-    return SessionNotFound(f"Session {format_id('session', session_id)} not found")
-
-
-async def lock_session(db: Write, session_id: uuid.UUID) -> LockedSession | None:
-    """Take the session's row lock until the unit of work ends (PostgreSQL FOR UPDATE;
-    on SQLite the unit holds the database write lock, BEGIN IMMEDIATE) and read what
-    checkpoints need of the row. Checkpoints allocate sequences under this lock."""
-    return await db.lock_session(session_id)
-
-
-async def lock_owned_session(
-    db: Write, *, organization_id: uuid.UUID, session_id: uuid.UUID
-) -> LockedSession:
-    """Lock the session, or raise its 404 (also when it belongs to another organization)."""
-    session = await lock_session(db, session_id)
-    if session is None or session.organization_id != organization_id:
-        raise session_not_found(session_id)
-    return session
 
 
 async def find_session(
@@ -254,58 +231,6 @@ async def update_session(
         )
     )
     return before, session
-
-
-def add_usage(
-    total: dict[str, Any] | None, usage: dict[str, Any] | None
-) -> dict[str, Any] | None:
-    """Two TokenUsage values added bucket by bucket (costs too, when either has one)."""
-    if not usage:
-        return total
-    if not total:
-        return dict(usage)
-    out = dict(total)
-    for key, value in usage.items():
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            out[key] = out.get(key, 0) + value
-    return out
-
-
-async def record_usage(
-    db: Write, session: LockedSession, usage: dict[str, Any] | None
-) -> None:
-    """Add a model call's usage to the session's, inside the caller's checkpoint (the
-    session row is locked, so the read and the write cannot interleave with another)."""
-    if not usage:
-        return
-    conn = await db.core()
-    attributes = await conn.scalar(
-        select(models.Session.attributes).where(models.Session.id == session.id)
-    )
-    attributes = dict(attributes or {})
-    attributes["usage"] = add_usage(attributes.get("usage"), usage)
-    await conn.execute(
-        update(models.Session)
-        .where(models.Session.id == session.id)
-        .values(attributes=attributes)
-    )
-
-
-async def count_running_turns(db: Write, *, organization_id: uuid.UUID) -> int:
-    """How many of the organization's sessions run a turn, on any process. A turn
-    waiting for client tool results runs nowhere: it holds no place (when its results
-    arrive it goes on without being admitted again)."""
-    conn = await db.core()
-    count = await conn.scalar(
-        select(func.count())
-        .select_from(models.Session)
-        .where(
-            models.Session.organization_id == organization_id,
-            models.Session.active_turn_id.is_not(None),
-            models.Session.status != "waitingfortoolresults",
-        )
-    )
-    return int(count or 0)
 
 
 async def delete_session(

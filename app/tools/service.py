@@ -9,13 +9,14 @@ from sqlalchemy import select
 
 from app import wire
 from app.db import models
-from app.db.writes import LockedSession, MessageRow, Write
+from app.db.rows import LockedSession, MessageRow
+from app.db.writes import Write
 from app.errors import Conflict, Unprocessable, clip
-from app.events.service import EventSpec
 from app.ids import format_id
-from app.messages import checkpoint
-from app.sessions import service as sessions_service
-from app.tools import lifecycle
+from app.journal import lifecycle
+from app.journal.events import EventSpec
+from app.journal.sessions import lock_owned_session
+from app.journal.tool_calls import tool_transition
 from app.tools.schemas import ToolResult, ToolResultsRequest, ToolResultsResponse
 
 WAITING = "waitingfortoolresults"
@@ -65,7 +66,11 @@ async def _recorded(
         models.Event.session_id == session_id, models.Event.type == "tool.completed"
     )
     encoded = wire.dumps(tool_call_id).decode()
-    stmt = stmt.where(models.Event.body.contains(f'"tool_call_id":{encoded}'))
+    # autoescape: PostgreSQL reads a backslash in a LIKE pattern as its escape character,
+    # and JSON escapes both `"` and the backslash with one.
+    stmt = stmt.where(
+        models.Event.body.contains(f'"tool_call_id":{encoded}', autoescape=True)
+    )
     for body in (await conn.scalars(stmt.order_by(models.Event.sequence.desc()))).all():
         data: dict[str, Any] = wire.loads(body)["data"]
         if data.get("tool_call_id") == tool_call_id and data.get("source") == "client":
@@ -89,7 +94,7 @@ async def submit_tool_results(
     not stored again, and a request made only of such repeats is answered as the
     first one was. Refusals change nothing: nothing waits (409, "not waiting for tool
     results"), an unknown call (422), another result for a call that has one (409)."""
-    session = await sessions_service.lock_owned_session(
+    session = await lock_owned_session(
         db, organization_id=organization_id, session_id=session_id
     )
     message = await _waiting_message(db, session)
@@ -143,7 +148,7 @@ async def submit_tool_results(
             session.status = "active"
             then.append(await _activated(db, session.id, message))
         status = lifecycle.FAILED if item.error is not None else lifecycle.COMPLETED
-        await checkpoint.tool_transition(
+        await tool_transition(
             db,
             session,
             message,

@@ -7,6 +7,29 @@ from typing import Any
 
 import uvicorn
 
+# The headers of every baseline's SSE response, as the service sends them.
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def sse_frame(event: str, data: bytes) -> bytes:
+    return b"event: " + event.encode() + b"\ndata: " + data + b"\n\n"
+
+
+async def respond(send: Any, status: int, body: bytes) -> None:
+    """A whole JSON response of a raw ASGI baseline."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
 
 def arguments(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)

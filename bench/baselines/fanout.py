@@ -100,13 +100,15 @@ async def publish(
     interval: float,
     text: str | None = None,
 ) -> dict[str, Any]:
-    """One turn: `count` deltas, `interval` apart (a pause before each, as the scripted
-    model does), each encoded once and offered to every subscriber."""
+    """One turn: `count` deltas, `interval` apart, each encoded once and offered to
+    every subscriber. Delta i is due `interval` x (i + 1) after the start, as the
+    scripted model paces its chunks (a provider's pace does not wait for its reader)."""
     turn = Turn()
     started = time.monotonic()
     for index in range(count):
         if interval > 0:
-            await asyncio.sleep(interval)
+            due = started + interval * (index + 1)
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
         event, data = turn.delta(shape, text if text is not None else f"chunk{index} ")
         hub.offer(encode(event, data))
     return {

@@ -14,38 +14,17 @@ from urllib.parse import unquote
 
 import orjson
 
-from bench.baselines import arguments, serve
+from bench.baselines import SSE_HEADERS, arguments, respond, serve, sse_frame
 from bench.baselines.fanout import Hub, publish, query_params
 
 HEARTBEAT_SECONDS = 30.0
-HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
-
 hub: Hub[bytes] = Hub()
-
-
-def encode(event: str, data: bytes) -> bytes:
-    return b"event: " + event.encode() + b"\ndata: " + data + b"\n\n"
 
 
 async def heartbeat() -> None:
     while True:
         await asyncio.sleep(HEARTBEAT_SECONDS)
         hub.offer(b": heartbeat\n\n")
-
-
-async def respond(send: Any, status: int, body: bytes) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json")],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 async def stream(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -59,12 +38,14 @@ async def stream(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
     watcher = asyncio.create_task(disconnected())
     try:
-        await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
+        )
         if shape == "sse":
             await send(
                 {
                     "type": "http.response.body",
-                    "body": encode("connected", b'{"status":"connected"}'),
+                    "body": sse_frame("connected", b'{"status":"connected"}'),
                     "more_body": True,
                 }
             )
@@ -105,7 +86,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         text = params.get("text")
         result = await publish(
             hub,
-            encode,
+            sse_frame,
             shape=params.get("shape", "mutation"),
             count=int(params.get("n", "1")),
             interval=int(params.get("interval_ms", "20")) / 1000,

@@ -43,9 +43,11 @@ function run(args, { timeoutMs = 60_000 } = {}) {
 }
 
 function freePort() {
-  // Random over a wide range: the kernel's sequential ephemeral ports would make
-  // concurrent runs collide. A taken port makes the server exit, and we try another.
-  return 20_000 + Math.floor(Math.random() * 40_000);
+  // Random, below the kernel's ephemeral range (32768 up), where an outgoing
+  // connection could take the port before the server binds it; the kernel's own
+  // sequential assignment would make concurrent runs collide. A taken port makes the
+  // server exit, and we try another.
+  return 20_000 + Math.floor(Math.random() * 12_000);
 }
 
 /**

@@ -1,0 +1,205 @@
+"""Message routes: create (and wait for its turn), list (the seed's pagination) and
+read one snapshot."""
+
+import asyncio
+import uuid
+from collections.abc import Coroutine
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+
+from app import wire
+from app.api import endpoints
+from app.api.deps import CallerDep, OrgId, SessionId, StateDep
+from app.api.state import AppState
+from app.auth import Caller
+from app.errors import BODY_PROBLEMS, InvalidParameter, problem_responses
+from app.ids import parse_id, parse_or_400
+from app.live.wait import completed_body, timeout_body, wait_for_turn
+from app.messages import schemas
+from app.schemas import MAX_INT32
+
+router = APIRouter(tags=["messages"])
+
+
+# `?wait=true`: how long a request may wait for its turn (milliseconds).
+WAIT_DEFAULT_MS = 120_000
+WAIT_MAX_MS = 600_000
+
+
+@router.post(
+    "/sessions/{session_id}/messages",
+    status_code=201,
+    response_model=schemas.Message,
+    responses={
+        200: {
+            "model": schemas.WaitResult,
+            "description": "`wait=true`: the turn ended (completed, failed or cancelled)",
+        },
+        202: {
+            "model": schemas.WaitTimeout,
+            "description": "`wait=true`: the turn did not end within `timeout_ms`",
+        },
+        **problem_responses(400, 401, 404, 409, 422, 429, *BODY_PROBLEMS),
+    },
+)
+async def create_message(
+    session_id: SessionId,
+    data: schemas.MessageCreate,
+    caller: CallerDep,
+    state: StateDep,
+    request: Request,
+    wait: Annotated[
+        bool,
+        Query(description="Answer when the turn this message starts or joins ends"),
+    ] = False,
+    timeout_ms: Annotated[
+        int | None,
+        Query(
+            description="With `wait=true`: how long to wait, 1..600000 ms "
+            '(default 120000); then `202 {status: "timeout"}`',
+            # Documented here; the handler enforces it (400).
+            json_schema_extra={"minimum": 1, "maximum": WAIT_MAX_MS},
+        ),
+    ] = None,
+) -> Response:
+    """Store a user message. `delivery` says what happened: `started` (a new turn began),
+    `steered` (joined the running turn) or `duplicate` (this `client_message_id` was seen
+    before with the same body: the stored message is returned and nothing is written).
+    The same `client_message_id` with a different body is `409`
+    `client_message_id_conflict`. A message that would start a turn while its
+    organization or the server runs as many as allowed is `429` with `Retry-After`.
+
+    With `wait=true` the answer comes when the message's turn ends: `200 {status:
+    "completed"|"failed", message, messages, error?}` (`message` as stored, `messages`
+    the turn's agent messages), or `202 {status: "timeout", message}` after
+    `timeout_ms`. Open waits count against the stream limits (`429`); revoking the key
+    ends a wait with `401`, and a wait whose client has gone ends at once."""
+    if timeout_ms is not None and not 1 <= timeout_ms <= WAIT_MAX_MS:
+        raise InvalidParameter(f"timeout_ms: must be between 1 and {WAIT_MAX_MS}")
+    endpoints.accept_message(state, data)
+    # A wait is admitted before anything is written: a refused one changes nothing.
+    slot = state.limits.acquire(session_id, "wait") if wait else None
+    try:
+        # The unit of work commits here, before any wait: the turn must see it.
+        body = await endpoints.store_message(
+            state, caller.organization_id, session_id, data
+        )
+        if slot is None:
+            return wire.json_response(body, 201)
+        return await _until_gone(
+            request, _wait_for_turn(state, caller, session_id, body, timeout_ms), body
+        )
+    finally:
+        if slot is not None:
+            slot.release()
+
+
+async def _until_gone(
+    request: Request, waiting: Coroutine[Any, Any, Response], body: bytes
+) -> Response:
+    """`waiting`, ended as soon as the client disconnects: nobody reads the answer, and
+    the wait's stream slot is freed at once instead of at its timeout."""
+    wait = asyncio.ensure_future(waiting)
+    # The body has been read: the next ASGI message is the disconnect (or the end of
+    # the response, by which time this has returned).
+    gone = asyncio.ensure_future(request.receive())
+    try:
+        await asyncio.wait((wait, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not wait.done():
+            wait.cancel()
+    if wait.cancelled():
+        return wire.json_response(timeout_body(body), 202)
+    return wait.result()
+
+
+async def _wait_for_turn(
+    state: AppState,
+    caller: Caller,
+    session_id: uuid.UUID,
+    body: bytes,
+    timeout_ms: int | None,
+) -> Response:
+    turn = wire.loads(body).get("turn_id")
+    ended = None
+    if turn is not None:
+        ended = await wait_for_turn(
+            state.database,
+            state.fanout,
+            session_id,
+            parse_id("turn", turn),
+            (timeout_ms or WAIT_DEFAULT_MS) / 1000,
+            caller.key_hash,
+        )
+    if ended is None:
+        return wire.json_response(timeout_body(body), 202)
+    return wire.json_response(completed_body(body, ended), 200)
+
+
+@router.get(
+    "/sessions/{session_id}/messages",
+    response_model=schemas.MessagePage,
+    responses={
+        200: {"headers": {"ETag": {"schema": {"type": "string"}}}},
+        304: {"description": "Not Modified: `If-None-Match` names the current ETag"},
+        **problem_responses(400, 401, 404),
+    },
+)
+async def list_messages(
+    session_id: SessionId,
+    org: OrgId,
+    state: StateDep,
+    limit: Annotated[
+        int | None,
+        Query(
+            description="Page size; default 50, values above 200 are capped",
+            # Documented here; the handler enforces it (400).
+            json_schema_extra={"minimum": 1},
+        ),
+    ] = None,
+    before_sequence: Annotated[
+        int | None,
+        Query(ge=1, le=MAX_INT32, description="Only messages with sequence < N"),
+    ] = None,
+    include_internal: Annotated[
+        bool, Query(description="Include visibility=internal messages")
+    ] = False,
+    if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
+) -> Response:
+    """Messages oldest first within a page; without `before_sequence` the newest page.
+    Walk older history with `next_before_sequence`. Pages never split a message; a
+    page whose messages would pass MAX_LIST_BYTES holds the newest that fit, with
+    `has_more` and `next_before_sequence` for the rest. Responses carry an `ETag`;
+    polling with `If-None-Match` (or `*`) answers `304` until the session changes."""
+    query = endpoints.page_query(
+        state.settings, limit, before_sequence, include_internal
+    )
+    etag, body = await endpoints.read_page(state, org, session_id, query, if_none_match)
+    if body is None:
+        return Response(status_code=304, headers={"ETag": etag})
+    return wire.json_response(body, headers={"ETag": etag})
+
+
+@router.get(
+    "/sessions/{session_id}/messages/{message_id}",
+    response_model=schemas.Message,
+    responses=problem_responses(400, 401, 404),
+)
+async def get_message(
+    session_id: SessionId,
+    message_id: Annotated[
+        str,
+        Path(
+            description="Message ID (format: message_{32-hex})",
+            json_schema_extra={"pattern": "^message_[0-9a-f]{32}$"},
+        ),
+    ],
+    org: OrgId,
+    state: StateDep,
+) -> Response:
+    """One message snapshot."""
+    message_uuid = parse_or_400("message", "message", message_id)
+    body = await endpoints.read_message(state, org, session_id, message_uuid)
+    return wire.json_response(body)

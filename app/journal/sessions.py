@@ -1,0 +1,104 @@
+"""The session row as the write model sees it: locked for a checkpoint, owned by the
+caller or a 404, its usage added to, and the turns that run in an organization."""
+
+import uuid
+from typing import Any, Protocol, TypeVar
+
+from sqlalchemy import func, select, update
+
+from app.db import models
+from app.db.rows import LockedSession
+from app.db.writes import Write
+from app.errors import SessionNotFound
+from app.ids import format_id
+
+
+class Owned(Protocol):
+    @property
+    def organization_id(self) -> uuid.UUID: ...
+
+
+OwnedT = TypeVar("OwnedT", bound=Owned)
+
+
+def session_not_found(session_id: uuid.UUID) -> SessionNotFound:
+    """The 404 of a session that does not exist, was deleted, or belongs to another
+    organization (indistinguishable on purpose)."""
+    return SessionNotFound(f"Session {format_id('session', session_id)} not found")
+
+
+async def lock_session(db: Write, session_id: uuid.UUID) -> LockedSession | None:
+    """Take the session's row lock until the unit of work ends (PostgreSQL FOR UPDATE;
+    on SQLite the unit holds the database write lock, BEGIN IMMEDIATE) and read what
+    checkpoints need of the row. Checkpoints allocate sequences under this lock."""
+    return await db.lock_session(session_id)
+
+
+async def lock_owned_session(
+    db: Write, *, organization_id: uuid.UUID, session_id: uuid.UUID
+) -> LockedSession:
+    """Lock the session, or raise its 404 (also when it belongs to another organization)."""
+    return owned(await lock_session(db, session_id), organization_id, session_id)
+
+
+def owned(
+    row: OwnedT | None, organization_id: uuid.UUID, session_id: uuid.UUID
+) -> OwnedT:
+    """`row` (a session, or what was read of one), if the caller's organization owns
+    it; else the session's 404. Another organization's session answers exactly as a
+    missing one."""
+    if row is None or row.organization_id != organization_id:
+        raise session_not_found(session_id)
+    return row
+
+
+def add_usage(
+    total: dict[str, Any] | None, usage: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """Two TokenUsage values added bucket by bucket (costs too, when either has one)."""
+    if not usage:
+        return total
+    if not total:
+        return dict(usage)
+    out = dict(total)
+    for key, value in usage.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = out.get(key, 0) + value
+    return out
+
+
+async def record_usage(
+    db: Write, session: LockedSession, usage: dict[str, Any] | None
+) -> None:
+    """Add a model call's usage to the session's, inside the caller's checkpoint (the
+    session row is locked, so the read and the write cannot interleave with another)."""
+    if not usage:
+        return
+    conn = await db.core()
+    attributes = await conn.scalar(
+        select(models.Session.attributes).where(models.Session.id == session.id)
+    )
+    attributes = dict(attributes or {})
+    attributes["usage"] = add_usage(attributes.get("usage"), usage)
+    await conn.execute(
+        update(models.Session)
+        .where(models.Session.id == session.id)
+        .values(attributes=attributes)
+    )
+
+
+async def count_running_turns(db: Write, *, organization_id: uuid.UUID) -> int:
+    """How many of the organization's sessions run a turn, on any process. A turn
+    waiting for client tool results runs nowhere: it holds no place (when its results
+    arrive it goes on without being admitted again)."""
+    conn = await db.core()
+    count = await conn.scalar(
+        select(func.count())
+        .select_from(models.Session)
+        .where(
+            models.Session.organization_id == organization_id,
+            models.Session.active_turn_id.is_not(None),
+            models.Session.status != "waitingfortoolresults",
+        )
+    )
+    return int(count or 0)

@@ -1,0 +1,137 @@
+"""`POST .../messages?wait=true`: answer when the turn the message started or joined
+ends, instead of at once.
+
+The waiter holds no database connection while it waits. It subscribes to the session's
+local fan-out (which hears every checkpoint, from any process, through the bus) and
+reads the turn's outcome once after subscribing and again whenever a turn event, a
+resync or a lost subscription says it may have changed. A wait the server ends early
+(the process drains) answers as a timeout: the turn goes on, elsewhere, and the client
+reads its result from the message list. A wait opened with a key ends when the key is
+revoked (401), and one whose client has gone ends at once (its stream slot with it)."""
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from app import wire
+from app.db import models
+from app.db.session import Database
+from app.errors import Unauthorized
+from app.live.fanout import Fanout
+from app.live.outputs import CYCLE, GONE, RESYNC, REVOKED, EventOut
+
+TURN_ENDS = ("turn.completed", "turn.failed", "turn.cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """How a turn ended: its outcome event's type and data, and the agent messages it
+    produced (stored snapshots, oldest first)."""
+
+    type: str
+    data: dict[str, Any]
+    messages: list[str]
+
+
+async def turn_ended(
+    database: Database, session_id: uuid.UUID, turn_id: uuid.UUID
+) -> Ended | None:
+    """The turn's outcome, or None while it runs. One indexed read for the outcome
+    event; the messages are read only once it exists."""
+    async with database.read() as db:
+        body = await db.scalar(
+            select(models.Event.body).where(
+                models.Event.session_id == session_id,
+                models.Event.turn_id == turn_id,
+                models.Event.type.in_(TURN_ENDS),
+            )
+        )
+        if body is None:
+            return None
+        snapshots = (
+            await db.scalars(
+                select(models.Message.snapshot)
+                .where(
+                    models.Message.session_id == session_id,
+                    models.Message.turn_id == turn_id,
+                    models.Message.role == "agent",
+                    models.Message.visibility == "visible",
+                )
+                .order_by(models.Message.sequence)
+            )
+        ).all()
+    event = wire.loads(body)
+    return Ended(event["type"], event.get("data") or {}, list(snapshots))
+
+
+async def wait_for_turn(
+    database: Database,
+    fanout: Fanout,
+    session_id: uuid.UUID,
+    turn_id: uuid.UUID,
+    timeout_seconds: float,
+    key_hash: str | None = None,
+) -> Ended | None:
+    """The turn's outcome, or None if it did not end within `timeout_seconds` (or the
+    server ended the wait: drain, session deleted). Unauthorized once `key_hash` (the
+    key the wait was opened with) is revoked."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_seconds
+    while True:
+        # Subscribe first, then read: an end that commits in between is in the read
+        # or arrives in the subscription.
+        sub = fanout.subscribe(session_id, key_hash)
+        # The deadline closes the subscription: no timer or task per item waited for.
+        timer = loop.call_at(deadline, sub.close)
+        try:
+            ended = await turn_ended(database, session_id, turn_id)
+            if ended is not None:
+                return ended
+            while True:
+                item = await sub.next()
+                if item is None:
+                    if sub.overflowed and loop.time() < deadline:
+                        break  # It fell behind: subscribe again and read again.
+                    return None
+                if item is CYCLE or item is GONE:
+                    return None
+                if item is REVOKED:
+                    raise Unauthorized(
+                        "the API key was revoked while the request waited"
+                    )
+                if item is RESYNC or (
+                    isinstance(item, EventOut) and item.type in TURN_ENDS
+                ):
+                    ended = await turn_ended(database, session_id, turn_id)
+                    if ended is not None:
+                        return ended
+        finally:
+            timer.cancel()
+            fanout.unsubscribe(sub)
+
+
+def completed_body(message: bytes, ended: Ended) -> bytes:
+    """`200 {status, message, messages, error?}`: the posted message as stored, the
+    turn's agent messages, and, for a failed or cancelled turn, what went wrong.
+    Snapshots are spliced in as stored, not re-serialized."""
+    if ended.type == "turn.completed":
+        head = b'{"status":"completed"'
+    else:
+        if ended.type == "turn.cancelled":
+            code = ended.data.get("reason") or "cancelled"
+            text = "The turn was cancelled"
+        else:
+            code = ended.data.get("error_code") or "failed"
+            text = ended.data.get("error") or "The turn failed"
+        error = {"code": code, "message": text}
+        head = b'{"status":"failed","error":' + wire.dumps(error)
+    listed = wire.join_array(ended.messages)
+    return head + b',"message":' + message + b',"messages":' + listed + b"}"
+
+
+def timeout_body(message: bytes) -> bytes:
+    """`202 {status: "timeout", message}`: the message is stored and its turn goes on."""
+    return b'{"status":"timeout","message":' + message + b"}"

@@ -1,0 +1,224 @@
+"""The runner's SQL: every statement a turn, its recovery and its history read, in one
+place. Each function takes the database and runs its own unit of work (a checkpoint's
+statements are the journal's, inside the fenced unit of `Fence.checkpoint`)."""
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Row, func, insert, or_, select
+
+from app.db import models
+from app.db.admission import Units
+from app.db.rows import MessageRow
+from app.db.types import utcnow
+from app.journal import checkpoint
+
+# The step cap of a session created without `max_iterations`.
+DEFAULT_MAX_ITERATIONS = 20
+# Upstream's session status while a turn waits for client-side tool results.
+WAITING = "waitingfortoolresults"
+
+
+async def active_turn(
+    database: Units, session_id: uuid.UUID
+) -> tuple[uuid.UUID | None, int]:
+    """The session's running turn, and its step cap. A turn waiting for client tool
+    results has no runner until they arrive (or a cancel is requested)."""
+    async with database.statements() as conn:
+        row = (
+            await conn.execute(
+                select(
+                    models.Session.active_turn_id,
+                    models.Session.attributes,
+                    models.Session.status,
+                    models.Session.cancel_requested_at,
+                ).where(models.Session.id == session_id)
+            )
+        ).one_or_none()
+    if row is None:
+        return None, DEFAULT_MAX_ITERATIONS
+    cap = row.attributes.get("max_iterations") or DEFAULT_MAX_ITERATIONS
+    if row.status == WAITING and row.cancel_requested_at is None:
+        return None, int(cap)
+    return row.active_turn_id, int(cap)
+
+
+async def session_tools(
+    database: Units, session_id: uuid.UUID
+) -> tuple[list[dict[str, Any]], bool]:
+    """The session's tool definitions as they are now (a PATCH takes effect at the
+    next step), and whether tools that require approval ask for it."""
+    async with database.statements() as conn:
+        attributes = await conn.scalar(
+            select(models.Session.attributes).where(models.Session.id == session_id)
+        )
+    attributes = attributes or {}
+    ask = attributes.get("approval_mode") != "always-allow"
+    return list(attributes.get("tools") or []), ask
+
+
+@dataclass(frozen=True, slots=True)
+class Recent:
+    """What a step starts from, as stored: whether a cancel was requested, the session's
+    attributes, and its newest messages, oldest first."""
+
+    cancel_requested: bool
+    attributes: dict[str, Any]
+    messages: Sequence[Row[Any]]
+
+
+async def recent_messages(database: Units, session_id: uuid.UUID, limit: int) -> Recent:
+    """The session's cancel request and attributes (read first: a cancel that commits
+    after it is seen at the step's checkpoint), and its `limit` newest messages."""
+    async with database.statements() as conn:
+        session = (
+            await conn.execute(
+                select(
+                    models.Session.cancel_requested_at, models.Session.attributes
+                ).where(models.Session.id == session_id)
+            )
+        ).one_or_none()
+        rows = (
+            await conn.execute(
+                select(
+                    models.Message.snapshot,
+                    models.Message.role,
+                    models.Message.sequence,
+                    models.Message.visibility,
+                    models.Message.content,
+                )
+                .where(models.Message.session_id == session_id)
+                .order_by(models.Message.sequence.desc())
+                .limit(limit)
+            )
+        ).all()
+    cancel, attributes = session if session is not None else (None, {})
+    return Recent(cancel is not None, attributes or {}, list(reversed(rows)))
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSummary:
+    first_sequence: int
+    last_sequence: int
+    text: str
+
+
+async def newest_summary(
+    database: Units, session_id: uuid.UUID, newest: int
+) -> StoredSummary | None:
+    """The newest stored summary that ends at or before message `newest`."""
+    async with database.statements() as conn:
+        row = (
+            await conn.execute(
+                select(
+                    models.ComposerSummary.first_sequence,
+                    models.ComposerSummary.last_sequence,
+                    models.ComposerSummary.text,
+                )
+                .where(
+                    models.ComposerSummary.session_id == session_id,
+                    models.ComposerSummary.last_sequence <= newest,
+                )
+                .order_by(models.ComposerSummary.last_sequence.desc())
+                .limit(1)
+            )
+        ).one_or_none()
+    return None if row is None else StoredSummary(*row)
+
+
+async def store_summary(
+    database: Units, session_id: uuid.UUID, first: int, through: int, text: str
+) -> None:
+    """A summary of messages `first`..`through`, as derived data (IntegrityError when
+    another runner stored that range first)."""
+    async with database.write() as db:
+        conn = await db.core()
+        await conn.execute(
+            insert(models.ComposerSummary).values(
+                id=uuid.uuid4(),
+                session_id=session_id,
+                first_sequence=first,
+                last_sequence=through,
+                text=text,
+                created_at=utcnow(),
+            )
+        )
+
+
+async def seen_input(database: Units, session_id: uuid.UUID, turn_id: uuid.UUID) -> int:
+    """The newest user message the turn's last step saw, for a turn resumed without
+    running another: what arrived while it waited for client tool results (after its
+    `tool.call_requested`) it did not see."""
+    async with database.statements() as conn:
+        waited = await conn.scalar(
+            select(func.max(models.Event.sequence)).where(
+                models.Event.session_id == session_id,
+                models.Event.turn_id == turn_id,
+                models.Event.type == "tool.call_requested",
+            )
+        )
+        seen = select(func.max(models.Message.sequence)).where(
+            models.Message.session_id == session_id,
+            models.Message.role == "user",
+        )
+        if waited is not None:
+            seen = seen.where(models.Message.sequence < waited)
+        return int(await conn.scalar(seen) or 0)
+
+
+async def tool_status(
+    database: Units, message_id: uuid.UUID, tool_call_id: str
+) -> str | None:
+    """The stored status of one tool call of a message."""
+    async with database.statements() as conn:
+        content = await conn.scalar(
+            select(models.Message.content).where(models.Message.id == message_id)
+        )
+    for part in content or ():
+        if part.get("type") == "tool_call" and part.get("id") == tool_call_id:
+            return str(part.get("status"))
+    return None
+
+
+async def read_message(database: Units, message_id: uuid.UUID) -> MessageRow:
+    """A message as stored, in the form checkpoints write from."""
+    async with database.write() as db:
+        return await checkpoint.get_message_for_update(db, message_id)
+
+
+async def open_message(
+    database: Units, session_id: uuid.UUID, turn_id: uuid.UUID
+) -> MessageRow | None:
+    """The turn's agent message, if it is still streaming (a turn to resume)."""
+    async with database.write() as db:
+        rows = await db.streaming_messages(session_id)
+    return next((m for m in rows if m.turn_id == turn_id), None)
+
+
+async def orphaned_turns(database: Units, cutoff: datetime) -> list[uuid.UUID]:
+    """Sessions whose turn runs with neither a write nor a lease renewal since
+    `cutoff`: candidates for recovery."""
+    async with database.read() as db:
+        return list(
+            (
+                await db.scalars(
+                    select(models.Session.id).where(
+                        models.Session.active_turn_id.is_not(None),
+                        # A turn waiting for client tool results has no runner to
+                        # lose: it waits durably (a cancel kicks a runner).
+                        or_(
+                            models.Session.status != WAITING,
+                            models.Session.cancel_requested_at.is_not(None),
+                        ),
+                        models.Session.last_activity_at <= cutoff,
+                        or_(
+                            models.Session.runner_renewed_at.is_(None),
+                            models.Session.runner_renewed_at <= cutoff,
+                        ),
+                    )
+                )
+            ).all()
+        )

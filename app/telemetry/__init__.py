@@ -1,0 +1,1 @@
+"""Telemetry on the ground floor: structured logs and optional OpenTelemetry traces, importable from anywhere."""
