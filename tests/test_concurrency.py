@@ -28,7 +28,14 @@ async def messages(http: httpx.AsyncClient, session_id: str) -> list[dict[str, A
 
 async def test_fifty_concurrent_posts_to_one_session(server: Server) -> None:
     async with httpx.AsyncClient(base_url=server.url, timeout=TIMEOUT) as http:
-        session_id = await create_session(http, "concurrency")
+        # Every step after a turn's first answers input it had not seen, so 50 posts
+        # take at most 50 steps: with a cap above that, no turn ends at its cap and
+        # hands a steered message to a follow-up turn (tests/test_step_cap.py).
+        created_session = await http.post(
+            "/v1/sessions", json={"title": "concurrency", "max_iterations": POSTS + 1}
+        )
+        assert created_session.status_code == 201, created_session.text
+        session_id = created_session.json()["id"]
         url = f"/v1/sessions/{session_id}/messages"
         responses = await asyncio.gather(
             *(http.post(url, json=text_body(f"message {i}")) for i in range(POSTS))

@@ -4,10 +4,12 @@ PostgreSQL gets its pool. Nothing outside app/db/ branches on the dialect.
 Writer engines hand out connections in AUTOCOMMIT mode: the write unit of work
 (`app.db.writes.Write`) begins and commits its transaction on the driver connection."""
 
+import json
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import orjson
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
@@ -87,6 +89,18 @@ def _discard_closed_connections(engine: AsyncEngine) -> None:
             raise DisconnectionError("connection closed by the server")
 
 
+def read_json(value: str) -> Any:
+    """Stored JSON columns as the rest of the service can write them again: orjson
+    reads an integer past 64 bits as a float (as the model driver does), where the
+    standard library would hand back an int that no orjson encoder accepts (PostgreSQL
+    keeps `1.2e29` in jsonb as `120000000000000000000000000000`). The standard library
+    still reads what orjson refuses (NaN, a lone surrogate in older rows)."""
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return json.loads(value)
+
+
 def create_engines(settings: Settings) -> tuple[AsyncEngine, AsyncEngine]:
     """Return (read engine, write engine). On PostgreSQL they are the same engine."""
     url = settings.database_url
@@ -96,7 +110,11 @@ def create_engines(settings: Settings) -> tuple[AsyncEngine, AsyncEngine]:
             path.parent.mkdir(parents=True, exist_ok=True)
         busy_s = settings.sqlite_busy_timeout_ms / 1000
         reader = create_async_engine(
-            url, pool_size=8, max_overflow=8, connect_args={"timeout": busy_s}
+            url,
+            pool_size=8,
+            max_overflow=8,
+            connect_args={"timeout": busy_s},
+            json_deserializer=read_json,
         )
         # One writer connection per process: in-process writers queue on the pool (no lock
         # spinning), and the busy timeout covers writers in other processes (the CLI).
@@ -110,6 +128,7 @@ def create_engines(settings: Settings) -> tuple[AsyncEngine, AsyncEngine]:
             pool_reset_on_return=None,
             isolation_level="AUTOCOMMIT",
             connect_args={"timeout": busy_s},
+            json_deserializer=read_json,
         )
         _install_sqlite_hooks(
             reader, begin="BEGIN", busy_timeout_ms=settings.sqlite_busy_timeout_ms
@@ -124,6 +143,7 @@ def create_engines(settings: Settings) -> tuple[AsyncEngine, AsyncEngine]:
         max_overflow=settings.db_max_overflow,
         pool_timeout=settings.db_pool_timeout_seconds,
         pool_recycle=1800,
+        json_deserializer=read_json,
         connect_args={
             "server_settings": {
                 "application_name": "evermirror",
