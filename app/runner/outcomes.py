@@ -8,6 +8,7 @@ import copy
 import time
 import uuid
 
+from app import wire
 from app.db.rows import LockedSession, MessageRow
 from app.db.writes import Write
 from app.ids import format_id
@@ -191,6 +192,40 @@ async def end_with_error(
         await rt.fence.checkpoint(session_id, turn_id, end, ending=True)
     if message_id is not None:
         rt.bus.publish(StepEnded(session_id, message_id))
+
+
+async def abandon(
+    rt: Runtime, session_id: uuid.UUID, turn_id: uuid.UUID, reason: str
+) -> None:
+    """The last resort when a turn could not be ended the usual way (its error could
+    not be written: something it holds cannot be stored or rendered). Its streaming
+    messages close with the parts that can still be encoded and an error part, and
+    the turn ends `failed`, so the session takes new messages again instead of
+    staying active with no runner. Nothing from this process's memory is used."""
+    error = ("internal_error", "The turn failed unexpectedly")
+
+    async def end(db: Write, session: LockedSession) -> MessageRow | None:
+        turn = TurnProgress(session_id, turn_id, time.monotonic())
+        for message in await checkpoint.streaming_messages(db, session_id):
+            if message.turn_id != turn_id:
+                continue
+            message = copy.copy(message)
+            message.content = [p for p in message.content if _encodes(p)]
+            await checkpoint.close_message(db, session, message, error=error)
+        _, outcome = failed(turn, *error, reason)
+        await checkpoint.finish_turn(db, session, turn_id=turn_id, outcome=outcome)
+        return None
+
+    with contextlib.suppress(TurnCancelled):
+        await rt.fence.checkpoint(session_id, turn_id, end, ending=True)
+
+
+def _encodes(part: dict[str, object]) -> bool:
+    try:
+        wire.dumps(part)
+    except TypeError:
+        return False
+    return True
 
 
 async def _close_with_error(

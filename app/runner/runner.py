@@ -21,11 +21,12 @@ from app.db.admission import Admitted
 from app.db.leases import create_leases
 from app.db.reads import Reads
 from app.db.session import Database
+from app.errors import is_transient_db_error
 from app.ids import format_id
 from app.live.bus import Bus
 from app.live.items import Kick, RepublishParts, Resync, Wakeup
 from app.metrics import Metrics
-from app.runner import queries, recovery
+from app.runner import outcomes, queries, recovery
 from app.runner.fence import Fence, LeaseLost
 from app.runner.history import History
 from app.runner.progress import LiveStep
@@ -227,6 +228,24 @@ class TurnRunner:
             await asyncio.sleep(0.1)
         return False
 
+    async def _run_turn(
+        self, session_id: uuid.UUID, turn_id: uuid.UUID, max_iterations: int
+    ) -> str:
+        """One turn; if even its ending failed, it is abandoned (ended `failed` without
+        what it held in memory) rather than left active with no runner, which a retry
+        would only fail the same way."""
+        try:
+            return await run_turn(self.runtime, session_id, turn_id, max_iterations)
+        except Exception as exc:
+            if isinstance(exc, LeaseLost) or is_transient_db_error(exc):
+                # Not this turn's fault: another runner or start-up recovery takes it.
+                raise
+            log.exception("turn %s could not be ended; abandoning it", turn_id)
+            await outcomes.abandon(
+                self.runtime, session_id, turn_id, type(exc).__name__
+            )
+            return "abandoned"
+
     async def _run_turns(self, session_id: uuid.UUID) -> None:
         """The session's turns, one after another, while it has one to run."""
         while True:
@@ -245,9 +264,7 @@ class TurnRunner:
                 },
                 parent=self.origins.pop(session_id, None),
             ) as turn_span:
-                outcome = await run_turn(
-                    self.runtime, session_id, turn_id, max_iterations
-                )
+                outcome = await self._run_turn(session_id, turn_id, max_iterations)
                 if turn_span is not None:
                     turn_span.set_attribute("evermirror.turn.outcome", outcome)
             if self.metrics is not None:
