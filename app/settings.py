@@ -141,6 +141,13 @@ class Settings(BaseSettings):
     # Retries of a request that failed with 429, a 5xx, a timeout or a dropped
     # connection (the service's own, announced live; the client library's are off).
     model_max_retries: int = Field(default=3, ge=0, le=20)
+    # One model step may stream at most this many characters (text, reasoning and tool
+    # arguments together); past it the step stops and the turn fails (`model_error`),
+    # keeping what was streamed.
+    model_max_reply_chars: int = Field(default=1_000_000, ge=1_000, le=100_000_000)
+    # One model step may ask for at most this many tool calls; one more fails the turn
+    # (`model_error`) before any of them runs.
+    model_max_tool_calls: int = Field(default=128, ge=1, le=10_000)
     # The model catalog (app/catalog): a JSON file of the models sessions and messages
     # may select; unset, the catalog is the configured driver's one model.
     models_file: str | None = None

@@ -1,6 +1,9 @@
-"""The Chat Completions stream reader: events split however the bytes arrive, and the
-provider's failures as the `openai` package's errors."""
+"""The Chat Completions stream reader: events split however the bytes arrive, the
+provider's failures as the `openai` package's errors, a stream cut before its end, and
+a deadline between chunks that a drip of bytes does not reset."""
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import httpx2
@@ -48,12 +51,62 @@ def response(body: bytes) -> httpx2.Response:
 
 async def test_chunks_end_at_done_and_skip_what_is_not_an_object() -> None:
     body = b'data: {"a":1}\n\ndata: [1]\n\ndata: [DONE]\n\ndata: {"late":1}\n\n'
-    assert [c async for c in chunks(response(body))] == [{"a": 1}]
+    assert [c async for c in chunks(response(body), 5)] == [{"a": 1}]
 
 
 async def drain(body: bytes, seen: list[dict[str, object]]) -> None:
-    async for chunk in chunks(response(body)):
+    async for chunk in chunks(response(body), 5):
         seen.append(chunk)
+
+
+FINISHED = b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\n'
+
+
+async def test_a_stream_cut_before_its_end_is_an_api_error() -> None:
+    """No `[DONE]` and no finished choice: cut, or not a stream at all (an HTML page
+    answered 200). A finished choice without `[DONE]` is a whole reply."""
+    seen: list[dict[str, object]] = []
+    with pytest.raises(openai.APIError, match="ended before its end"):
+        await drain(b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n', seen)
+    assert len(seen) == 1
+    with pytest.raises(openai.APIError, match="ended before its end"):
+        await drain(b"<html><body>Welcome</body></html>", [])
+    seen.clear()
+    await drain(FINISHED, seen)
+    assert len(seen) == 1
+
+
+class Dripping(httpx2.AsyncByteStream):
+    """A byte of an event that never ends, every `pause` seconds."""
+
+    def __init__(self, pause: float) -> None:
+        self.pause = pause
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
+        while True:
+            await asyncio.sleep(self.pause)
+            yield b"d"
+
+
+async def test_a_provider_dripping_bytes_times_out_between_chunks() -> None:
+    """Every read of the drip is quick; the next chunk never comes: a timeout after
+    `idle_seconds` from the step asking for it, not from the last byte."""
+    request = httpx2.Request("POST", "http://provider/v1/chat/completions")
+    dripping = httpx2.Response(200, stream=Dripping(0.02), request=request)
+    seen: list[dict[str, object]] = []
+
+    async def slow_step() -> None:
+        async for chunk in chunks(dripping, 0.3):
+            seen.append(chunk)
+            # The step's own time with a chunk is not counted against the provider.
+            await asyncio.sleep(0.4)
+
+    started = time.monotonic()
+    with pytest.raises(openai.APITimeoutError):
+        await slow_step()
+    assert len(seen) == 1
+    assert 0.65 <= time.monotonic() - started < 3
 
 
 async def test_an_error_object_mid_stream_is_the_packages_api_error() -> None:

@@ -57,6 +57,7 @@ live_server = live_server_fixture(
     MODEL_CONTEXT_TOKENS="8192",
     MODEL_TIMEOUT_SECONDS="5",
     MODEL_MAX_RETRIES="2",
+    MODEL_MAX_REPLY_CHARS="5000",
     LOG_LEVEL="info",
 )
 
@@ -395,6 +396,81 @@ async def test_final_failure_closes_the_message_with_the_providers_status(
     failed = next(e for e in events if e["type"] == "turn.failed")["data"]
     assert failed["error_code"] == "model_error"
     assert "500" in failed["error"]
+
+
+async def test_a_stream_cut_before_its_end_is_retried(
+    api: httpx.AsyncClient, fake: FakeOpenAI
+) -> None:
+    """A body that ends cleanly without a finish or `[DONE]` is not a whole reply."""
+    text = nonce("cut")
+    _, messages, events = await run(api, text)
+    assert [r.attempt for r in fake.for_text(text)] == [1, 2]
+    assert [p["text"] for p in messages[1]["content"]] == ["Hello from the fake model."]
+    assert [e["type"] for e in events][-2] == "turn.completed"
+
+
+async def test_an_html_page_answered_200_is_retried(
+    api: httpx.AsyncClient, fake: FakeOpenAI
+) -> None:
+    text = nonce("html")
+    _, messages, events = await run(api, text)
+    assert [r.attempt for r in fake.for_text(text)] == [1, 2]
+    assert messages[1]["content"][0]["text"] == "Hello from the fake model."
+    assert [e["type"] for e in events][-2] == "turn.completed"
+
+
+async def test_a_redirect_is_not_followed(
+    api: httpx.AsyncClient, fake: FakeOpenAI
+) -> None:
+    """A 307 elsewhere fails the step: the provider key is not sent to another
+    address."""
+    text = nonce("redirect")
+    _, messages, events = await run(api, text)
+    assert len(fake.for_text(text)) == 1
+    assert "307" in messages[1]["content"][-1]["message"]
+    assert [e["type"] for e in events][-2] == "turn.failed"
+
+
+async def test_a_providers_error_body_is_kept_cut_to_its_start(
+    api: httpx.AsyncClient, fake: FakeOpenAI
+) -> None:
+    text = nonce("bigerror")
+    _, messages, events = await run(api, text)
+    error = messages[1]["content"][-1]
+    assert error["type"] == "error"
+    assert "500" in error["message"]
+    assert 1_000 <= len(error["message"]) < 1_100
+    failed = next(e for e in events if e["type"] == "turn.failed")["data"]
+    assert len(failed["error"]) < 1_100
+
+
+async def test_more_tool_calls_in_a_step_than_the_cap_fail_the_turn(
+    api: httpx.AsyncClient, fake: FakeOpenAI
+) -> None:
+    """MODEL_MAX_TOOL_CALLS (128 by default): none of the calls runs."""
+    text = nonce("manycalls")
+    _, messages, events = await run(api, text)
+    assert len(fake.for_text(text)) == 1
+    error = messages[1]["content"][-1]
+    assert error["code"] == "model_error"
+    assert "more than 128 tool calls" in error["message"]
+    assert not any(e["type"] == "tool.started" for e in events)
+    assert [e["type"] for e in events][-2] == "turn.failed"
+
+
+async def test_a_reply_past_the_cap_stops_and_keeps_what_streamed(
+    api: httpx.AsyncClient, fake: FakeOpenAI
+) -> None:
+    """MODEL_MAX_REPLY_CHARS is 5,000 on this server: the 10,000-character reply stops
+    at the cap, what streamed up to it is kept ahead of the error."""
+    text = nonce("bigreply")
+    _, messages, events = await run(api, text)
+    assert len(fake.for_text(text)) == 1
+    *kept, error = messages[1]["content"]
+    assert error["code"] == "model_error"
+    assert "5,000 characters" in error["message"]
+    assert sum(len(p.get("text", "")) for p in kept) <= 5_000
+    assert [e["type"] for e in events][-2] == "turn.failed"
 
 
 async def test_a_401_is_not_retried(api: httpx.AsyncClient, fake: FakeOpenAI) -> None:

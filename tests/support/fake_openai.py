@@ -133,6 +133,15 @@ class FakeOpenAI:
             )
         if scenario == "flaky" and attempt == 1:
             return _error(503, "Overloaded", "server_error")
+        if scenario == "html" and attempt == 1:
+            # A proxy's page where the stream should be, with a 200.
+            return Response("<html><body>Welcome</body></html>", media_type="text/html")
+        if scenario == "redirect":
+            return Response(
+                status_code=307, headers={"location": "http://127.0.0.1:9/v1/chat"}
+            )
+        if scenario == "bigerror":
+            return _error(500, "E" * 200_000, "server_error")
         chunks = self._script(scenario, attempt, has_results)
         return StreamingResponse(
             self._stream(record, chunks, body, scenario, attempt),
@@ -216,6 +225,20 @@ class FakeOpenAI:
                     _finish("tool_calls"),
                 ]
             scenario = "slow"
+        if scenario == "cut" and attempt == 1:
+            # The body ends cleanly after some text: no finish_reason, no [DONE].
+            return [*_text_chunks(["Half ", "an "], None), {"end": True}]
+        if scenario == "manycalls":
+            return [
+                _delta({"role": "assistant", "content": None}),
+                *(
+                    _delta({"tool_calls": [_call_start(i, f"c{i}", "lookup", "{}")]})
+                    for i in range(MANY_CALLS)
+                ),
+                _finish("tool_calls"),
+            ]
+        if scenario == "bigreply":
+            return _text_chunks(["x" * 100] * 100, "stop")
         if scenario == "slow":
             return [{"sleep": 0.2, **_delta({"content": f"w{i} "})} for i in range(200)]
         return _text_chunks(["Hello ", "from ", "the ", "fake ", "model."], "stop")
@@ -234,6 +257,9 @@ class FakeOpenAI:
             for chunk in chunks:
                 if chunk.pop("drop", False):
                     raise ConnectionResetError("the fake drops the connection")
+                if chunk.pop("end", False):
+                    record.finished = True
+                    return
                 pause = chunk.pop("sleep", 0)
                 if pause:
                     await asyncio.sleep(pause)
@@ -293,6 +319,9 @@ def _answered_tools(messages: list[dict[str, Any]]) -> int:
             count += 1
     return count
 
+
+# Tool calls in one step of `manycalls`: past the service's default cap (128).
+MANY_CALLS = 130
 
 # Tool-call arguments (JSON text) that decode to what JSON cannot carry on.
 LONE = '{"query": "\\ud800"}'

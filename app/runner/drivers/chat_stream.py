@@ -12,6 +12,7 @@ them as it does the request's: an `error` object in the stream (the provider fai
 mid-answer), a timeout, a dropped connection.
 """
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -58,10 +59,21 @@ async def events(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield b"\n".join(data)
 
 
-async def chunks(response: httpx2.Response) -> AsyncIterator[dict[str, Any]]:
-    """Each chunk of a streamed completion, decoded, until `[DONE]` or the end."""
+async def chunks(
+    response: httpx2.Response, idle_seconds: float
+) -> AsyncIterator[dict[str, Any]]:
+    """Each chunk of a streamed completion, decoded, until `[DONE]`.
+
+    Each chunk must arrive within `idle_seconds` of the step asking for it (else a
+    timeout): the client's read timeout is per read, so a provider dripping a byte now
+    and then would reset it forever. A stream that ends without `[DONE]` and without a chunk that
+    finished the choice was cut (or was never a stream: an HTML page answered 200),
+    and is a provider failure, tried again, not a complete reply."""
+    loop = asyncio.get_running_loop()
+    deadline = _Deadline(loop.time() + idle_seconds)
+    finished = False
     try:
-        async for data in events(response.aiter_bytes()):
+        async for data in events(_until(response.aiter_bytes(), deadline)):
             if data == DONE:
                 return
             chunk = orjson.loads(data)
@@ -80,7 +92,15 @@ async def chunks(response: httpx2.Response) -> AsyncIterator[dict[str, Any]]:
                 raise openai.APIError(
                     f"a malformed chunk ({malformed})", response.request, body=None
                 )
+            choices = chunk.get("choices")
+            if choices and choices[0].get("finish_reason"):
+                finished = True
             yield chunk
+            # The provider's time to the next chunk starts when it is asked for: the
+            # time the step took with this one is not the provider's.
+            deadline.at = loop.time() + idle_seconds
+    except TimeoutError as exc:
+        raise openai.APITimeoutError(response.request) from exc
     except httpx2.TimeoutException as exc:
         raise openai.APITimeoutError(response.request) from exc
     except httpx2.TransportError as exc:
@@ -89,6 +109,36 @@ async def chunks(response: httpx2.Response) -> AsyncIterator[dict[str, Any]]:
         raise openai.APIError(
             f"a chunk of the stream is not JSON ({exc})", response.request, body=None
         ) from exc
+    if not finished:
+        raise openai.APIError(
+            "the stream ended before its end (no [DONE], no finish_reason)",
+            response.request,
+            body=None,
+        )
+
+
+class _Deadline:
+    """When the next chunk is due (the loop's clock)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+
+async def _until(
+    body: AsyncIterator[bytes], deadline: _Deadline
+) -> AsyncIterator[bytes]:
+    """The body's pieces, each read by `deadline.at` (TimeoutError otherwise). The
+    timeout covers the read only, never the consumer's work between pieces."""
+    pieces = aiter(body)
+    while True:
+        async with asyncio.timeout_at(deadline.at):
+            try:
+                piece = await anext(pieces)
+            except StopAsyncIteration:
+                return
+        yield piece
 
 
 # How much of a provider's error message is kept (stored in the error part, logged).

@@ -72,6 +72,8 @@ class _Attempt:
     streamed: bool = False
     finish_reason: str | None = None
     usage: dict[str, Any] = field(default_factory=dict)
+    # Characters of text, reasoning and tool arguments streamed.
+    chars: int = 0
 
 
 class ProviderError(Exception):
@@ -117,6 +119,9 @@ def classify(exc: Exception) -> ProviderError:
         detail = (
             body.get("message") if isinstance(body, dict) else None
         ) or exc.response.reason_phrase
+        # Stored in the error part and logged: a provider's page of HTML, or worse, is
+        # cut to its start.
+        detail = str(detail)[: chat_stream.MAX_ERROR_CHARS]
         return ProviderError(
             str(status),
             f"The model provider answered {status}: {detail}",
@@ -187,12 +192,18 @@ class OpenAIDriver:
     def __init__(self, settings: Settings) -> None:
         self.model = settings.openai_model or ""
         self.max_retries = settings.model_max_retries
+        self.timeout_seconds = settings.model_timeout_seconds
+        self.max_reply_chars = settings.model_max_reply_chars
+        self.max_tool_calls = settings.model_max_tool_calls
         self.client = openai.AsyncOpenAI(
             base_url=settings.openai_base_url,
             # Local servers take any key; the client refuses to start without one.
             api_key=settings.openai_api_key or "none",
             timeout=settings.model_timeout_seconds,
             max_retries=0,
+            # A redirect is an answer, not a hop: following one would send the
+            # provider key to wherever it points.
+            http_client=openai.DefaultAsyncHttpxClient(follow_redirects=False),
         )
 
     async def aclose(self) -> None:
@@ -290,7 +301,9 @@ class OpenAIDriver:
         # Closed however the step ends: read to its end, failed, or closed by the runner
         # (a cancel), which stops the provider generating at once.
         async with request as response:
-            async for chunk in chat_stream.chunks(response.http_response):
+            async for chunk in chat_stream.chunks(
+                response.http_response, self.timeout_seconds
+            ):
                 usage = chunk.get("usage")
                 if isinstance(usage, dict):
                     state.usage = _usage(usage)
@@ -302,10 +315,12 @@ class OpenAIDriver:
                 reasoning = _reasoning(delta)
                 if reasoning:
                     state.streamed = True
+                    self._count(state, len(reasoning))
                     yield ReasoningDelta(reasoning)
                 content = delta.get("content")
                 if content:
                     state.streamed = True
+                    self._count(state, len(content))
                     yield TextDelta(content)
                 for fragment in delta.get("tool_calls") or ():
                     async for event in self._fragment(state, fragment):
@@ -323,6 +338,15 @@ class OpenAIDriver:
             phase="commentary" if state.calls else "final_answer", usage=state.usage
         )
 
+    def _count(self, state: _Attempt, chars: int) -> None:
+        """Characters the step streamed; past the cap the step stops here."""
+        state.chars += chars
+        if state.chars > self.max_reply_chars:
+            raise ModelError(
+                f"The model's reply passed {self.max_reply_chars:,} characters in one"
+                " step (MODEL_MAX_REPLY_CHARS)"
+            )
+
     async def _fragment(
         self, state: _Attempt, fragment: dict[str, Any]
     ) -> AsyncIterator[ModelEvent]:
@@ -332,6 +356,11 @@ class OpenAIDriver:
         function = fragment.get("function") or {}
         call = state.calls.get(index)
         if call is None:
+            if len(state.calls) >= self.max_tool_calls:
+                raise ModelError(
+                    f"The model asked for more than {self.max_tool_calls} tool calls"
+                    " in one step (MODEL_MAX_TOOL_CALLS)"
+                )
             call = state.calls[index] = _Call(id=_call_id(fragment, state), name="")
         name = function.get("name")
         if name:
@@ -342,6 +371,7 @@ class OpenAIDriver:
             yield ToolCallStarted(call.id, call.name)
         arguments = function.get("arguments")
         if arguments:
+            self._count(state, len(arguments))
             call.arguments += arguments
             if call.announced:
                 yield ToolInputDelta(call.id, arguments)
