@@ -3,6 +3,7 @@ model, approval mode, system prompt or tools is an `action` part. While the turn
 a streaming agent message the part joins it (same message, revision + 1); otherwise
 it is a standalone agent message. The change applies from the turn's next step."""
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,26 @@ async def test_a_change_while_idle_is_a_standalone_action_message(
         "Tools changed: lookup",
         "Tools changed: none",
     ]
-    assert listed[2]["content"][0]["data"]["old"][0]["name"] == "lookup"
+    # A tool list by its names, never two whole copies of the definitions.
+    assert listed[1]["content"][0]["data"] == {
+        "field": "tools",
+        "names": ["lookup"],
+        "added": ["lookup"],
+        "removed": [],
+        "changed": [],
+    }
+    assert listed[2]["content"][0]["data"] == {
+        "field": "tools",
+        "names": [],
+        "added": [],
+        "removed": ["lookup"],
+        "changed": [],
+    }
+    redefined = {**GUARDED, "description": "Redefined."}
+    await patch(client, session_id, tools=[GUARDED])
+    await patch(client, session_id, tools=[redefined])
+    last = (await list_messages(client, session_id))["data"][-1]
+    assert last["content"][0]["data"]["changed"] == ["lookup"]
 
 
 async def test_a_title_change_is_upstreams_event_and_no_action(
@@ -343,3 +363,31 @@ async def test_a_step_that_never_heard_of_the_action_commits_after_it(
     ]
     assert text_of(final) == "".join(f"chunk{i} " for i in range(1000))
     assert final["revision"] == reply["revision"] + 2
+
+
+async def test_many_changes_of_a_large_tool_list_while_a_turn_waits_stay_small(
+    client: httpx.AsyncClient,
+) -> None:
+    """Each PATCH while the turn waits for an approval adds an action part to its
+    message; a part names the tools, it does not copy the definitions (12 PATCHes of a
+    ~100 KB list made one message megabytes long when it held both whole lists)."""
+    session_id = await guarded_session(client)
+    await post_message(client, session_id, ASK)
+    await first_pending(client, session_id)
+    padding = "x" * 2_000
+    for round_ in range(12):
+        tools = [GUARDED] + [
+            {
+                "name": f"tool_{i}",
+                "description": f"{round_} {padding}",
+                "parameters": {"type": "object"},
+            }
+            for i in range(48)
+        ]
+        await patch(client, session_id, tools=tools)
+    _, waiting = (await list_messages(client, session_id))["data"]
+    assert waiting["state"] == "streaming"
+    changes = actions(waiting)
+    assert len(changes) == 12
+    assert changes[-1]["data"]["changed"] == [f"tool_{i}" for i in range(48)]
+    assert len(json.dumps(waiting)) < 40_000

@@ -256,7 +256,8 @@ class InteractionPart(PartBase):
 
 class ActionPart(PartBase):
     """A change of what the turn runs with (the seed's Action): `data` holds the
-    `field` and its `old` and `new` values."""
+    `field` and its `old` and `new` values; a system prompt only its `new` text, a
+    tool list only names (`names`, `added`, `removed`, `changed`)."""
 
     type: Literal["action"]
     action_id: str

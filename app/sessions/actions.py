@@ -40,6 +40,31 @@ def _title(field: str, new: Any, model_name: Callable[[str | None], str]) -> str
     return "Tools changed: " + (", ".join(str(n) for n in names) if names else "none")
 
 
+def _data(field: str, old: Any, new: Any) -> dict[str, Any]:
+    """What an action part holds of a change. A tool list by its names (the new list's,
+    and those added, removed or redefined), never the definitions: a turn waiting for
+    a client may see many PATCHes of a large list, and each would otherwise add two
+    whole copies to one message. A system prompt by its new text only (the old one is
+    the previous action's)."""
+    if field == "tools":
+        before = {tool["name"]: tool for tool in old or ()}
+        after = {tool["name"]: tool for tool in new or ()}
+        return {
+            "field": field,
+            "names": list(after),
+            "added": [name for name in after if name not in before],
+            "removed": [name for name in before if name not in after],
+            "changed": [
+                name
+                for name, tool in after.items()
+                if name in before and before[name] != tool
+            ],
+        }
+    if field == "system_prompt":
+        return {"field": field, "new": new}
+    return {"field": field, "old": old, "new": new}
+
+
 async def record_changes(
     db: Write,
     before: models.Session,
@@ -64,9 +89,7 @@ async def record_changes(
             continue
         parts.append(
             action_part(
-                action_type,
-                _title(field, new, model_name),
-                {"field": field, "old": old, "new": new},
+                action_type, _title(field, new, model_name), _data(field, old, new)
             )
         )
         if field == "model_id":
