@@ -168,10 +168,10 @@ def _storable_text(value: Any) -> Any:
 
 
 StorableText = BeforeValidator(_storable_text)
-Title = Annotated[str, StorableText, Field(max_length=MAX_TITLE_CHARS)]
-Label = Annotated[str, StorableText, Field(max_length=MAX_LABEL_CHARS)]
-Url = Annotated[str, StorableText, Field(max_length=MAX_URL_CHARS)]
-Tag = Annotated[str, StorableText, Field(max_length=MAX_TAG_CHARS)]
+Title = Annotated[str, Field(max_length=MAX_TITLE_CHARS), StorableText]
+Label = Annotated[str, Field(max_length=MAX_LABEL_CHARS), StorableText]
+Url = Annotated[str, Field(max_length=MAX_URL_CHARS), StorableText]
+Tag = Annotated[str, Field(max_length=MAX_TAG_CHARS), StorableText]
 Tags = Annotated[list[Tag], Field(max_length=MAX_TAGS)]
 # Free-form JSON objects (metadata, hints): checked by check_value like every field;
 # documented as objects of JsonValue.
@@ -186,7 +186,7 @@ JsonObject = Annotated[
     ),
 ]
 ClientMessageId = Annotated[
-    str, StorableText, Field(min_length=1, max_length=MAX_CLIENT_MESSAGE_ID_CHARS)
+    str, Field(min_length=1, max_length=MAX_CLIENT_MESSAGE_ID_CHARS), StorableText
 ]
 
 

@@ -3,6 +3,7 @@ against it (422 naming the field, nothing stored), `MODELS_FILE`, and the one-li
 start-up refusal of a bad one."""
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -125,6 +126,11 @@ BAD_FILES = [
     ({"models": [{"name": "x", "context_tokens": True}]}, "models[0].context_tokens"),
     ({"models": [{"name": "x", "colour": "red"}]}, "unknown field 'colour'"),
     ({"models": [{"name": "x"}, {"name": "x"}]}, "listed twice"),
+    ({"models": [{"name": "x", "id": f"{LARGE}\n"}]}, "models[0].id"),
+    ({"models": [{"name": "a\u0000b"}]}, "models[0].name"),
+    ({"models": [{"name": "gpt\u202e4"}]}, "models[0].name"),
+    ({"models": [{"name": "x", "provider_model": "m\n"}]}, "provider_model"),
+    ({"models": [{"name": f"m{i}"} for i in range(1_001)]}, "more than 1,000 models"),
 ]
 
 
@@ -137,6 +143,18 @@ def test_a_bad_models_file_is_refused_naming_what_is_wrong(
         load_catalog(settings)
     assert named in str(refused.value)
     assert str(refused.value).startswith("MODELS_FILE (")
+
+
+def test_a_models_file_that_is_not_a_regular_file_is_refused_at_once(
+    tmp_path: Path,
+) -> None:
+    """A FIFO would block start-up until something wrote to it."""
+    fifo = tmp_path / "models.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_catalog(Settings(models_file=str(fifo)))
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_catalog(Settings(models_file=str(tmp_path)))
 
 
 async def test_the_server_refuses_to_start_with_a_bad_models_file_in_one_line(

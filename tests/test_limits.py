@@ -651,3 +651,16 @@ async def test_rate_limit_per_client_address_in_open_mode(
             response = await second.get("/v1/sessions")
             assert response.status_code == 200, response.text
         assert_rate_limited(await second.get("/v1/sessions"))
+
+
+async def test_a_string_too_long_is_named_in_characters(limited: Limited) -> None:
+    """A capped string field says how many characters it may have (it said "items")."""
+    checks = [
+        ("/v1/sessions", {"title": "t" * 1_001}, "at most 1000 characters"),
+        ("/v1/sessions", {"tags": ["t" * 201]}, "at most 200 characters"),
+    ]
+    for url, body, expected in checks:
+        response = await limited.client.post(url, json=body)
+        problem = assert_problem(response, 422, code="validation_error")
+        assert expected in response.text, problem
+        assert "items" not in response.text, problem

@@ -10,6 +10,8 @@ model is the default."""
 
 import json
 import re
+import stat
+import unicodedata
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,7 @@ from typing import Any
 from app.errors import Unprocessable
 from app.settings import Settings
 
-MODEL_ID = re.compile(r"^model_[0-9a-f]{32}$")
+MODEL_ID = re.compile(r"model_[0-9a-f]{32}")
 DRIVERS = ("scripted", "openai")
 # Derived IDs: uuid5 in a namespace of our own, so they never collide with random ones.
 NAMESPACE = uuid.UUID("6f0d3c52-3b8e-4f0c-9a51-3c1f6a2d9e17")
@@ -95,10 +97,24 @@ def load_catalog(settings: Settings) -> Catalog:
     return Catalog(_read_file(Path(settings.models_file), settings))
 
 
+# A catalog file past these is a mistake, not a catalog (GET /v1/models lists it whole).
+MAX_FILE_BYTES = 4 * 1024 * 1024
+MAX_MODELS = 1_000
+
+
 def _read_file(path: Path, settings: Settings) -> list[Model]:
     where = f"MODELS_FILE ({path})"
     try:
-        document = json.loads(path.read_text())
+        found = path.stat()
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot be read: {exc.strerror}") from None
+    # A FIFO or a device would block start-up or never end: regular files only.
+    if not stat.S_ISREG(found.st_mode):
+        raise ConfigError(f"{where}: not a regular file")
+    if found.st_size > MAX_FILE_BYTES:
+        raise ConfigError(f"{where}: larger than {MAX_FILE_BYTES:,} bytes")
+    try:
+        document = json.loads(path.read_bytes())
     except OSError as exc:
         raise ConfigError(f"{where}: cannot be read: {exc.strerror}") from None
     except ValueError as exc:
@@ -106,14 +122,24 @@ def _read_file(path: Path, settings: Settings) -> list[Model]:
     entries = document.get("models") if isinstance(document, dict) else None
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f'{where}: expected {{"models": [...]}} with at least one')
+    if len(entries) > MAX_MODELS:
+        raise ConfigError(f"{where}: more than {MAX_MODELS:,} models")
     models: list[Model] = []
+    seen: set[str] = set()
     for index, entry in enumerate(entries):
-        models.append(_model(entry, f"{where}: models[{index}]", settings))
-    ids = [m.id for m in models]
-    duplicate = next((i for i in ids if ids.count(i) > 1), None)
-    if duplicate is not None:
-        raise ConfigError(f"{where}: model id {duplicate} is listed twice")
+        model = _model(entry, f"{where}: models[{index}]", settings)
+        if model.id in seen:
+            raise ConfigError(f"{where}: model id {model.id} is listed twice")
+        seen.add(model.id)
+        models.append(model)
     return models
+
+
+def _shown(text: str) -> bool:
+    """Text fit to show and send: no control characters (NUL, newlines) and no
+    invisible formatting (bidi overrides such as U+202E that make a name read as
+    another)."""
+    return not any(unicodedata.category(c) in ("Cc", "Cf", "Cs") for c in text)
 
 
 def _model(entry: Any, where: str, settings: Settings) -> Model:
@@ -128,13 +154,30 @@ def _model(entry: Any, where: str, settings: Settings) -> Model:
     if driver == "openai" and not settings.openai_base_url:
         raise ConfigError(f"{where}.driver: openai needs OPENAI_BASE_URL")
     name = entry.get("name")
-    if not isinstance(name, str) or not name.strip() or len(name) > 255:
-        raise ConfigError(f"{where}.name: a non-empty string of at most 255 characters")
+    if (
+        not isinstance(name, str)
+        or not name.strip()
+        or len(name) > 255
+        or not _shown(name)
+    ):
+        raise ConfigError(
+            f"{where}.name: a non-empty string of at most 255 characters, without"
+            " control or formatting characters"
+        )
     provider_model = entry.get("provider_model", name)
-    if not isinstance(provider_model, str) or not provider_model.strip():
-        raise ConfigError(f"{where}.provider_model: a non-empty string")
+    if (
+        not isinstance(provider_model, str)
+        or not provider_model.strip()
+        or len(provider_model) > 255
+        or not _shown(provider_model)
+    ):
+        raise ConfigError(
+            f"{where}.provider_model: a non-empty string of at most 255 characters,"
+            " without control or formatting characters"
+        )
     model_id = entry.get("id", derived_id(driver, provider_model))
-    if not isinstance(model_id, str) or not MODEL_ID.match(model_id):
+    # fullmatch: `$` would also match before a trailing newline.
+    if not isinstance(model_id, str) or not MODEL_ID.fullmatch(model_id):
         raise ConfigError(f"{where}.id: model_ and 32 lowercase hex digits")
     context = entry.get("context_tokens", settings.model_context_tokens)
     if type(context) is not int or not 1_000 <= context <= 10_000_000:

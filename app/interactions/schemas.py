@@ -11,7 +11,7 @@ InteractionStatus = Literal["pending", "approved", "denied", "cancelled"]
 
 class Decision(InputSchema):
     decision: Literal["approve", "deny"]
-    reason: Annotated[str, StorableText, Field(max_length=2000)] | None = Field(
+    reason: Annotated[str, Field(max_length=2000), StorableText] | None = Field(
         default=None, description="Why; a denial's reason is what the model sees."
     )
 

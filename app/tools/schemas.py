@@ -27,7 +27,7 @@ class ToolDefinition(InputSchema):
     )
     name: str = Field(pattern=TOOL_NAME_PATTERN, description="Unique in the session.")
     description: Annotated[
-        str, StorableText, Field(max_length=MAX_TOOL_DESCRIPTION_CHARS)
+        str, Field(max_length=MAX_TOOL_DESCRIPTION_CHARS), StorableText
     ] = ""
     # Checked against the meta-schema by the routes, within a budget
     # (app/tools/schema_check.py): not here, where it would run on the event loop.
@@ -77,10 +77,10 @@ def needs_approval(tools: list[dict[str, Any]], name: str) -> bool:
 
 
 class ToolResult(InputSchema):
-    tool_call_id: Annotated[str, StorableText, Field(min_length=1, max_length=255)]
+    tool_call_id: Annotated[str, Field(min_length=1, max_length=255), StorableText]
     result: Any = Field(default=None, description="What the tool returned (any JSON).")
     error: (
-        Annotated[str, StorableText, Field(max_length=MAX_TOOL_ERROR_CHARS)] | None
+        Annotated[str, Field(max_length=MAX_TOOL_ERROR_CHARS), StorableText] | None
     ) = Field(default=None, description="Why the tool failed; the model sees it.")
 
 
