@@ -14,6 +14,8 @@ WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY app ./app
 COPY migrations ./migrations
+# app/web/client links to the JavaScript client's sources: the wheel holds those files.
+COPY clients/js/src ./clients/js/src
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # ---- runtime: the installed package only, as a user without privileges ------------------

@@ -290,11 +290,36 @@ def _run(command: list[str], timeout: float, **kwargs: Any) -> str:
     return result.stdout + result.stderr
 
 
+def build_context(dest: Path) -> Path:
+    """The builder stage's working directory as `docker build` makes it: what its
+    COPY lines copy (which is what .dockerignore lets in, see above), links kept as
+    links, without bytecode caches."""
+    builder = dockerfile_stages(DOCKERFILE.read_text())[0]
+    for copy in builder.all("COPY"):
+        *sources, target = copy.split()
+        for source in sources:
+            origin = ROOT / source
+            into = dest / target
+            if origin.is_dir():
+                shutil.copytree(
+                    origin,
+                    into,
+                    symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__"),
+                )
+            else:
+                into.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(origin, into / origin.name)
+    return dest
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     root = tmp_path_factory.mktemp("installed")
     build_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     wheels = root / "wheels"
+    # Built as the image's builder stage builds it: from its build context only.
+    context = build_context(root / "context")
     _run(
         [
             sys.executable,
@@ -305,7 +330,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
             "--no-deps",
             "--wheel-dir",
             str(wheels),
-            str(ROOT),
+            str(context),
         ],
         timeout=300,
         env=build_env,
