@@ -1,6 +1,7 @@
 """`POST .../messages?wait=true&timeout_ms=N` over real HTTP against a server process:
-the answer comes when the turn ends (completed, failed, cancelled, steered into), or as
-a timeout; bad values are 400 and open waits count against the stream limits."""
+the answer comes when the turn ends (completed, failed, cancelled, steered into), when
+it waits for the client (tool results, an approval), or as a timeout; bad values are
+400 and open waits count against the stream limits."""
 
 import asyncio
 from typing import Any
@@ -17,6 +18,8 @@ from tests.support.api import (
 from tests.support.problems import assert_problem, assert_too_many
 from tests.support.servers import api_fixture, live_server_fixture
 from tests.support.waits import wait_idle, wait_until
+from tests.test_approvals import ASK, guarded_session
+from tests.test_client_tools import ASK_WEATHER, WEATHER, post_results, tool_session
 
 # Two open waits per session at most, so the limit is reachable from one test.
 live_server = live_server_fixture(
@@ -219,3 +222,45 @@ async def test_a_wait_whose_client_has_gone_frees_its_slot_at_once(
     await wait_until(admitted, "a slot to come back", within=5)
     assert await _status(api, sid, "active")
     await api.post(f"/v1/sessions/{sid}/cancel")
+
+
+async def test_a_turn_waiting_for_client_tool_results_answers_waiting_at_once(
+    api: httpx.AsyncClient,
+) -> None:
+    """It used to run to `timeout_ms`: the turn cannot end before the client answers."""
+    sid = await tool_session(api, WEATHER)
+    response = await post_wait(
+        api, sid, ASK_WEATHER, http_timeout=20, timeout_ms=15_000
+    )
+    assert response.status_code == 202, response.text
+    body = response.json()
+    assert (body["status"], body["waiting_for"]) == ("waiting", "tool_results")
+    assert body["message"]["delivery"] == "started"
+    (agent,) = body["messages"]
+    (call,) = [p for p in agent["content"] if p["type"] == "tool_call"]
+    assert call["name"] == "get_weather"
+    assert call["status"] == "awaiting_client"
+    # Answered, the turn goes on; a wait on the next message sees it end.
+    answered = await post_results(
+        api, sid, {"tool_call_id": call["id"], "result": "sunny"}
+    )
+    assert answered.status_code == 200, answered.text
+    await wait_idle(api, sid)
+    done = await post_wait(api, sid, "and tomorrow")
+    assert done.json()["status"] == "completed"
+
+
+async def test_a_turn_waiting_for_an_approval_answers_waiting_at_once(
+    api: httpx.AsyncClient,
+) -> None:
+    sid = await guarded_session(api)
+    response = await post_wait(api, sid, ASK, http_timeout=20, timeout_ms=15_000)
+    assert response.status_code == 202, response.text
+    body = response.json()
+    assert (body["status"], body["waiting_for"]) == ("waiting", "approval")
+    (agent,) = body["messages"]
+    assert agent["state"] == "streaming"
+    assert any(
+        p["type"] == "interaction" and p["status"] == "pending"
+        for p in agent["content"]
+    )

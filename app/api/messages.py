@@ -15,7 +15,13 @@ from app.api.state import AppState
 from app.auth import Caller
 from app.errors import BODY_PROBLEMS, InvalidParameter, problem_responses
 from app.ids import parse_id, parse_or_400
-from app.live.wait import completed_body, timeout_body, wait_for_turn
+from app.live.wait import (
+    Waiting,
+    completed_body,
+    timeout_body,
+    wait_for_turn,
+    waiting_body,
+)
 from app.messages import schemas
 from app.schemas import MAX_INT32
 
@@ -37,8 +43,10 @@ WAIT_MAX_MS = 600_000
             "description": "`wait=true`: the turn ended (completed, failed or cancelled)",
         },
         202: {
-            "model": schemas.WaitTimeout,
-            "description": "`wait=true`: the turn did not end within `timeout_ms`",
+            "model": schemas.WaitTimeout | schemas.WaitWaiting,
+            "description": "`wait=true`: the turn waits for the client (its tool"
+            " results or an approval: `waiting`), or did not end within `timeout_ms`"
+            " (`timeout`)",
         },
         **problem_responses(400, 401, 404, 409, 422, 429, *BODY_PROBLEMS),
     },
@@ -72,8 +80,9 @@ async def create_message(
 
     With `wait=true` the answer comes when the message's turn ends: `200 {status:
     "completed"|"failed", message, messages, error?}` (`message` as stored, `messages`
-    the turn's agent messages), or `202 {status: "timeout", message}` after
-    `timeout_ms`. Open waits count against the stream limits (`429`); revoking the key
+    the turn's agent messages), `202 {status: "waiting", waiting_for, message,
+    messages}` as soon as the turn waits for the client (`tool_results` or
+    `approval`), or `202 {status: "timeout", message}` after `timeout_ms`. Open waits count against the stream limits (`429`); revoking the key
     ends a wait with `401`, and a wait whose client has gone ends at once."""
     if timeout_ms is not None and not 1 <= timeout_ms <= WAIT_MAX_MS:
         raise InvalidParameter(f"timeout_ms: must be between 1 and {WAIT_MAX_MS}")
@@ -135,6 +144,8 @@ async def _wait_for_turn(
         )
     if ended is None:
         return wire.json_response(timeout_body(body), 202)
+    if isinstance(ended, Waiting):
+        return wire.json_response(waiting_body(body, ended), 202)
     return wire.json_response(completed_body(body, ended), 200)
 
 

@@ -24,6 +24,9 @@ from app.live.fanout import Fanout
 from app.live.outputs import CYCLE, GONE, RESYNC, REVOKED, EventOut
 
 TURN_ENDS = ("turn.completed", "turn.failed", "turn.cancelled")
+# Checkpoints after which the turn may be waiting for its client: tool calls it runs
+# on the client, an approval asked for (the message's checkpoint carries the part).
+MAY_WAIT = ("tool.call_requested", "output.message.completed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +39,27 @@ class Ended:
     messages: list[str]
 
 
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """The turn cannot go on without its client: `waiting_for` is `tool_results`
+    (client-side tool calls to answer) or `approval` (a tool call to approve or deny);
+    the turn's agent messages so far hold the calls and interactions."""
+
+    waiting_for: str
+    messages: list[str]
+
+
 async def turn_ended(
-    database: Database, session_id: uuid.UUID, turn_id: uuid.UUID
-) -> Ended | None:
+    database: Database,
+    session_id: uuid.UUID,
+    turn_id: uuid.UUID,
+    *,
+    waiting: bool = False,
+) -> Ended | Waiting | None:
     """The turn's outcome, or None while it runs. One indexed read for the outcome
-    event; the messages are read only once it exists."""
+    event; the messages are read only once it exists. With `waiting`, a turn that
+    waits for its client is `Waiting` (one more read, of the session's status, and of
+    the turn's messages if it may)."""
     async with database.read() as db:
         body = await db.scalar(
             select(models.Event.body).where(
@@ -49,22 +68,51 @@ async def turn_ended(
                 models.Event.type.in_(TURN_ENDS),
             )
         )
-        if body is None:
+        if body is None and not waiting:
             return None
-        snapshots = (
-            await db.scalars(
-                select(models.Message.snapshot)
-                .where(
-                    models.Message.session_id == session_id,
-                    models.Message.turn_id == turn_id,
-                    models.Message.role == "agent",
-                    models.Message.visibility == "visible",
+        if body is None:
+            status = await db.scalar(
+                select(models.Session.status).where(
+                    models.Session.id == session_id,
+                    models.Session.active_turn_id == turn_id,
                 )
-                .order_by(models.Message.sequence)
             )
-        ).all()
-    event = wire.loads(body)
-    return Ended(event["type"], event.get("data") or {}, list(snapshots))
+            if status is None:
+                return None
+        snapshots = list(
+            (
+                await db.scalars(
+                    select(models.Message.snapshot)
+                    .where(
+                        models.Message.session_id == session_id,
+                        models.Message.turn_id == turn_id,
+                        models.Message.role == "agent",
+                        models.Message.visibility == "visible",
+                    )
+                    .order_by(models.Message.sequence)
+                )
+            ).all()
+        )
+    if body is not None:
+        event = wire.loads(body)
+        return Ended(event["type"], event.get("data") or {}, snapshots)
+    if status == "waitingfortoolresults":
+        return Waiting("tool_results", snapshots)
+    if any(_asks_approval(snapshot) for snapshot in snapshots):
+        return Waiting("approval", snapshots)
+    return None
+
+
+def _asks_approval(snapshot: str) -> bool:
+    """A streaming message with a pending interaction (read only when its text says
+    it may hold one)."""
+    if '"pending"' not in snapshot or '"interaction"' not in snapshot:
+        return False
+    message = wire.loads(snapshot)
+    return message.get("state") == "streaming" and any(
+        part.get("type") == "interaction" and part.get("status") == "pending"
+        for part in message.get("content") or ()
+    )
 
 
 async def wait_for_turn(
@@ -74,10 +122,12 @@ async def wait_for_turn(
     turn_id: uuid.UUID,
     timeout_seconds: float,
     key_hash: str | None = None,
-) -> Ended | None:
-    """The turn's outcome, or None if it did not end within `timeout_seconds` (or the
-    server ended the wait: drain, session deleted). Unauthorized once `key_hash` (the
-    key the wait was opened with) is revoked."""
+) -> Ended | Waiting | None:
+    """The turn's outcome, `Waiting` as soon as it waits for its client (for tool
+    results or an approval: it would not end before the client acts), or None if
+    neither came within `timeout_seconds` (or the server ended the wait: drain,
+    session deleted). Unauthorized once `key_hash` (the key the wait was opened with)
+    is revoked."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_seconds
     while True:
@@ -87,7 +137,7 @@ async def wait_for_turn(
         # The deadline closes the subscription: no timer or task per item waited for.
         timer = loop.call_at(deadline, sub.close)
         try:
-            ended = await turn_ended(database, session_id, turn_id)
+            ended = await turn_ended(database, session_id, turn_id, waiting=True)
             if ended is not None:
                 return ended
             while True:
@@ -103,9 +153,12 @@ async def wait_for_turn(
                         "the API key was revoked while the request waited"
                     )
                 if item is RESYNC or (
-                    isinstance(item, EventOut) and item.type in TURN_ENDS
+                    isinstance(item, EventOut)
+                    and (item.type in TURN_ENDS or item.type in MAY_WAIT)
                 ):
-                    ended = await turn_ended(database, session_id, turn_id)
+                    ended = await turn_ended(
+                        database, session_id, turn_id, waiting=True
+                    )
                     if ended is not None:
                         return ended
         finally:
@@ -130,6 +183,22 @@ def completed_body(message: bytes, ended: Ended) -> bytes:
         head = b'{"status":"failed","error":' + wire.dumps(error)
     listed = wire.join_array(ended.messages)
     return head + b',"message":' + message + b',"messages":' + listed + b"}"
+
+
+def waiting_body(message: bytes, waiting: Waiting) -> bytes:
+    """`202 {status: "waiting", waiting_for, message, messages}`: the turn goes on once
+    the client answers its tool calls or decides its approval (both are in
+    `messages`, the turn's agent messages so far)."""
+    listed = wire.join_array(waiting.messages)
+    return (
+        b'{"status":"waiting","waiting_for":"'
+        + waiting.waiting_for.encode()
+        + b'","message":'
+        + message
+        + b',"messages":'
+        + listed
+        + b"}"
+    )
 
 
 def timeout_body(message: bytes) -> bytes:

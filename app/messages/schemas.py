@@ -347,6 +347,22 @@ class WaitResult(Schema):
     error: WaitError | None = None
 
 
+class WaitWaiting(Schema):
+    """`POST .../messages?wait=true` when the turn waits for the client: it goes on
+    once the client posts its tool results or decides its approval."""
+
+    status: Literal["waiting"]
+    waiting_for: Literal["tool_results", "approval"] = Field(
+        description="`tool_results`: client-side tool calls to answer (POST"
+        " .../tool-results); `approval`: a pending interaction to decide"
+    )
+    message: Message = Field(description="The posted message, as stored")
+    messages: list[Message] = Field(
+        description="The turn's visible agent messages so far, oldest first: they hold"
+        " the tool calls and the interaction"
+    )
+
+
 class WaitTimeout(Schema):
     """`POST .../messages?wait=true` when the turn did not end within `timeout_ms`."""
 
