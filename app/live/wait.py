@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import wire
 from app.db import models
@@ -68,16 +69,12 @@ async def turn_ended(
                 models.Event.type.in_(TURN_ENDS),
             )
         )
-        if body is None and not waiting:
-            return None
+        waiting_for = None
         if body is None:
-            status = await db.scalar(
-                select(models.Session.status).where(
-                    models.Session.id == session_id,
-                    models.Session.active_turn_id == turn_id,
-                )
-            )
-            if status is None:
+            if not waiting:
+                return None
+            waiting_for = await _waiting_for(db, session_id, turn_id)
+            if waiting_for is None:
                 return None
         snapshots = list(
             (
@@ -93,25 +90,43 @@ async def turn_ended(
                 )
             ).all()
         )
-    if body is not None:
-        event = wire.loads(body)
-        return Ended(event["type"], event.get("data") or {}, snapshots)
+    if waiting_for is not None:
+        return Waiting(waiting_for, snapshots)
+    assert body is not None
+    event = wire.loads(body)
+    return Ended(event["type"], event.get("data") or {}, snapshots)
+
+
+async def _waiting_for(
+    db: AsyncSession, session_id: uuid.UUID, turn_id: uuid.UUID
+) -> str | None:
+    """What the running turn waits for from its client, if anything: the session's
+    status says tool results; an approval is a pending interaction in the turn's
+    streaming message (looked for by text first, parsed only where it may be)."""
+    status = await db.scalar(
+        select(models.Session.status).where(
+            models.Session.id == session_id, models.Session.active_turn_id == turn_id
+        )
+    )
+    if status is None:
+        return None
     if status == "waitingfortoolresults":
-        return Waiting("tool_results", snapshots)
-    if any(_asks_approval(snapshot) for snapshot in snapshots):
-        return Waiting("approval", snapshots)
-    return None
+        return "tool_results"
+    candidates = await db.scalars(
+        select(models.Message.snapshot).where(
+            models.Message.session_id == session_id,
+            models.Message.turn_id == turn_id,
+            models.Message.state == "streaming",
+            models.Message.snapshot.contains('"type":"interaction"'),
+        )
+    )
+    return "approval" if any(map(_asks_approval, candidates)) else None
 
 
 def _asks_approval(snapshot: str) -> bool:
-    """A streaming message with a pending interaction (read only when its text says
-    it may hold one)."""
-    if '"pending"' not in snapshot or '"interaction"' not in snapshot:
-        return False
-    message = wire.loads(snapshot)
-    return message.get("state") == "streaming" and any(
+    return any(
         part.get("type") == "interaction" and part.get("status") == "pending"
-        for part in message.get("content") or ()
+        for part in wire.loads(snapshot).get("content") or ()
     )
 
 
