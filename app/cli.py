@@ -3,6 +3,7 @@
 
 import argparse
 import asyncio
+import importlib.metadata
 import ipaddress
 import json
 import logging
@@ -139,6 +140,13 @@ def serve(args: argparse.Namespace) -> int:
             where,
             " to anyone who can reach it (--insecure)" if args.insecure else "",
         )
+    base = f"http://{_url_host(settings.host)}:{settings.port}"
+    log.info(
+        "the web view is at %s/sessions, the API reference at %s/docs, health at %s/health",
+        base,
+        base,
+        base,
+    )
     common: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
@@ -307,9 +315,27 @@ def openapi(args: argparse.Namespace) -> int:
     return 0
 
 
+def _url_host(host: str) -> str:
+    """The host as a URL names it: an IPv6 address in brackets, and `localhost`
+    for a wildcard (the address to open on this machine)."""
+    if host in ("0.0.0.0", "::", ""):
+        return "localhost"
+    return f"[{host}]" if ":" in host else host
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("evermirror")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="evermirror", description="An Everruns-compatible session service"
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"evermirror {_version()}"
     )
     commands = parser.add_subparsers(dest="command", required=True)
 

@@ -558,6 +558,10 @@ async def test_the_installed_package_migrates_and_serves_from_anywhere(
         env=env,
     )
     assert "to head" in migrated
+    version = _run(
+        [str(installed.bin / "evermirror"), "--version"], timeout=60, env=env
+    )
+    assert re.fullmatch(r"evermirror \d+\.\d+\.\d+\n", version), version
     port = free_port()
     server = await start(
         processes,
@@ -574,7 +578,10 @@ async def test_the_installed_package_migrates_and_serves_from_anywhere(
     )
     await exercise(server.url)
     assert server.stop()
-    assert not [r for r in json_lines(server) if r["level"] in ("ERROR", "CRITICAL")]
+    lines = json_lines(server)
+    assert not [r for r in lines if r["level"] in ("ERROR", "CRITICAL")]
+    # Start-up says where a person should go.
+    assert any(f"{server.url}/sessions" in r["message"] for r in lines), lines[:5]
 
 
 @pytest.mark.network

@@ -150,6 +150,10 @@ async def test_pages_are_static_files_outside_the_api(
         again = await api.get(url, headers={"If-None-Match": response.headers["etag"]})
         assert again.status_code == 304
         assert again.content == b""
+    # The server's own address sends a browser to the session list.
+    front = await api.get(f"{live_server.url}/", follow_redirects=False)
+    assert front.status_code == 307, front.text
+    assert front.headers["location"] == "/sessions"
     # The JavaScript client is served from its source, from the same origin.
     client = await api.get("/web/client/index.js")
     assert client.status_code == 200

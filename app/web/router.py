@@ -1,6 +1,7 @@
 """The web view: the session list at `/sessions` and the chat page at
 `/sessions/{id}/chat` (every session's `view_url`), static files built on the
-JavaScript client, which is served from the same origin under `/web/client/`.
+JavaScript client, which is served from the same origin under `/web/client/`. `/`
+sends a browser to the session list.
 
 None of it is in the OpenAPI document, and none of it reads the database: the pages
 call the public API with the caller's key, like any other client. Unknown paths stay
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Header, Request, Response
+from fastapi.responses import RedirectResponse
 
 from app.errors import NotFound
 from app.ids import parse_or_400
@@ -88,6 +90,11 @@ def create_router() -> APIRouter:
     sessions_page = files.pop("sessions.html")
     chat_page = files.pop("chat.html")
     router = APIRouter(include_in_schema=False)
+
+    @router.get("/")
+    async def front_door(request: Request) -> Response:
+        # A person who opens the server's address gets the web view, not a 404.
+        return RedirectResponse(request.scope.get("root_path", "") + "/sessions", 307)
 
     @router.get("/sessions")
     async def sessions_view(if_none_match: IfNoneMatch = None) -> Response:
