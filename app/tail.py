@@ -129,7 +129,7 @@ def summary(part: dict[str, Any]) -> tuple[str, str]:
         prompt = f" {_clip(part['prompt'])}" if part.get("prompt") else ""
         return "tool", f"[{part.get('kind')} {part.get('status')}{prompt}]"
     if kind == "action":
-        return "note", f"[action {part.get('action')}]"
+        return "note", f"[{part.get('title') or part.get('action_type') or 'action'}]"
     name = part.get("filename") or part.get("url") or part.get("file_id") or ""
     return "note", f"[{kind}{' ' + str(name) if name else ''}]"
 

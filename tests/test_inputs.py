@@ -614,6 +614,26 @@ async def test_long_scenario_with_superscript_argument_streams_the_default() -> 
     assert len(deltas) == LONG_DEFAULT
 
 
+@pytest.mark.parametrize(
+    ("text", "reply"),
+    [
+        ("/scenario nosuch", "Unknown scenario 'nosuch'. Scenarios: /scenario echo"),
+        ("/scenario echo", "Nothing to echo. Scenarios:"),
+        ("/scenario echo say this", "say this"),
+    ],
+)
+async def test_an_unknown_scenario_answers_its_usage(text: str, reply: str) -> None:
+    """It answered an empty message."""
+    turn = Turn(
+        messages=[{"role": "user", "content": [{"type": "text", "text": text}]}],
+        iteration=1,
+        tool_results=[],
+    )
+    events = [event async for event in ScriptedDriver(0).step(turn)]
+    said = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert said.startswith(reply), said
+
+
 @pytest.mark.parametrize("argument", ["²", "٣"])
 async def test_long_scenario_with_a_non_ascii_digit_completes_its_turn(
     api: Api, argument: str

@@ -382,3 +382,19 @@ def test_screen_reasoning_and_colours() -> None:
     coloured = render(frames, colour=True)
     assert "\033[1;32magent (thinking):\033[0m" in coloured
     assert "\033[2mThink\033[0m\033[2ming\033[0m" in coloured
+
+
+def test_screen_prints_an_action_by_its_title() -> None:
+    """It printed `[action None]` for every Action."""
+    action = {
+        "type": "action",
+        "part_id": "agent-action:1",
+        "sequence": 1,
+        "action_id": "action_" + "a" * 32,
+        "action_type": "tools_changed",
+        "state": "completed",
+        "title": "Tools changed: lookup",
+        "data": {"field": "tools"},
+    }
+    frames = [frame("message", snapshot([action], "done", 1), "3")]
+    assert render(frames).splitlines() == ["agent: [Tools changed: lookup]"]

@@ -100,6 +100,12 @@ class Pace:
         await asyncio.sleep(max(0.0, self.due - now))
 
 
+USAGE = (
+    "Scenarios: /scenario echo TEXT, tool [QUERY], call NAME JSON, reasoning,"
+    " citations, fail, long [N]."
+)
+
+
 class ScriptedDriver:
     """Offline and deterministic. `/scenario NAME [args]` picks a scenario; any other
     text is echoed back word by word. Scenarios: echo, tool, call NAME JSON,
@@ -213,6 +219,11 @@ class ScriptedDriver:
                 yield TextDelta(f"chunk{index} ")
             yield StepFinish()
         else:
-            async for event in self._words(args if match else text, pace):
+            said = args if match else text
+            if match and scenario != "echo":
+                said = f"Unknown scenario {scenario!r}. {USAGE}"
+            elif not said.strip():
+                said = f"Nothing to echo. {USAGE}"
+            async for event in self._words(said, pace):
                 yield event
             yield StepFinish()
