@@ -1,8 +1,11 @@
 """`GET /metrics`: Prometheus text scraped from real server processes and parsed with
-prometheus-client's own parser; never rate-limited, never asks for a key; on a port of
+prometheus-client's own parser and checked by `promtool check metrics`; never rate-limited, never asks for a key; on a port of
 its own with METRICS_PORT; gone with METRICS_ENABLED=false."""
 
 import asyncio
+import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,26 @@ def sample_value(family: Any, suffix: str, **labels: str) -> float:
     raise AssertionError(f"no {family.name}{suffix} with {labels}: {family.samples}")
 
 
+def promtool_accepts(text: str) -> None:
+    """Prometheus's own check of an exposition (Debian's `prometheus` package; CI
+    installs it and sets REQUIRE_PROMTOOL)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("REQUIRE_PROMTOOL"):
+            pytest.fail("REQUIRE_PROMTOOL is set, but promtool is not installed")
+        return
+    checked = subprocess.run(
+        [promtool, "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    # Exit 0: valid; lint findings (such as counters without _total) print and exit 3.
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
 @pytest.fixture(params=LANES)
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return lane_database_url(request, tmp_path)
@@ -69,6 +92,7 @@ async def test_metrics_count_requests_turns_and_checkpoints_without_a_key(
         lines = answer.text.splitlines()
         helps = [line.split()[2] for line in lines if line.startswith("# HELP")]
         assert len(helps) == len(set(helps)), sorted(helps)
+        promtool_accepts(answer.text)
 
     http = parsed["evermirror_http_request_duration_seconds"]
     assert http.type == "histogram"
