@@ -140,13 +140,7 @@ def serve(args: argparse.Namespace) -> int:
             where,
             " to anyone who can reach it (--insecure)" if args.insecure else "",
         )
-    base = f"http://{_url_host(settings.host)}:{settings.port}"
-    log.info(
-        "the web view is at %s/sessions, the API reference at %s/docs, health at %s/health",
-        base,
-        base,
-        base,
-    )
+    _log_urls(settings)
     common: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
@@ -313,6 +307,16 @@ def openapi(args: argparse.Namespace) -> int:
     else:
         Path(args.output).write_text(document)
     return 0
+
+
+def _log_urls(settings: Settings) -> None:
+    base = f"http://{_url_host(settings.host)}:{settings.port}"
+    log.info(
+        "the web view is at %s/sessions, the API reference at %s/docs, health at %s/health",
+        base,
+        base,
+        base,
+    )
 
 
 def _url_host(host: str) -> str:

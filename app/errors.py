@@ -176,6 +176,11 @@ class MessageNotFound(NotFound):
     title = "Not Found"
 
 
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+    title = "Not Found"
+
+
 class ClientMessageIdConflict(Conflict):
     """A `client_message_id` reused with a different request body."""
 

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.catalog.registry import ConfigError, derived_id, load_catalog
+from app.catalog.registry import ConfigError, derived_id, load_catalog, provider_id
 from app.settings import Settings
 from tests.support.api import text_body, text_of
 from tests.support.cli import run_cli
@@ -39,19 +39,37 @@ async def test_the_default_catalog_is_the_drivers_one_model(
 ) -> None:
     response = await client.get("/v1/models")
     assert response.status_code == 200, response.text
-    assert response.json() == {
-        "data": [
-            {
-                "id": SCRIPTED,
-                "name": "scripted",
-                "driver": "scripted",
-                "context_tokens": 128_000,
-            }
-        ],
-        "total": 1,
+    listed = response.json()
+    (model,) = listed["data"]
+    assert listed["total"] == 1
+    loaded_at = model["created_at"]
+    assert model == {
+        "id": SCRIPTED,
+        "name": "scripted",
+        "driver": "scripted",
+        "context_tokens": 128_000,
+        # Upstream's ModelWithProvider around them, for the official SDK.
+        "display_name": "scripted",
+        "model_id": "scripted",
+        "provider_id": provider_id("scripted"),
+        "provider_name": "scripted",
+        "provider_type": "scripted",
+        "capabilities": [],
+        "enabled": True,
+        "healthy": True,
+        "is_favorite": False,
+        "source": "predefined",
+        "created_at": loaded_at,
+        "updated_at": loaded_at,
     }
+    assert loaded_at.endswith("Z")
     # The ID is derived, not random: every process and restart lists the same one.
     assert derived_id("scripted", "scripted") == SCRIPTED
+    one = await client.get(f"/v1/models/{SCRIPTED}")
+    assert one.status_code == 200, one.text
+    assert one.json() == model
+    missing = await client.get(f"/v1/models/{LARGE}")
+    assert_problem(missing, 404, code="model_not_found")
 
 
 async def test_a_session_and_a_message_select_listed_models_only(
@@ -102,12 +120,14 @@ async def test_a_models_file_lists_the_operators_models(
             LARGE,
             derived_id("scripted", "derived"),
         ]
-        assert listed["data"][1] == {
-            "id": LARGE,
-            "name": "large",
-            "driver": "scripted",
-            "context_tokens": 1_000_000,
-        }
+        large = listed["data"][1]
+        assert (large["id"], large["name"], large["driver"]) == (
+            LARGE,
+            "large",
+            "scripted",
+        )
+        assert (large["context_tokens"], large["source"]) == (1_000_000, "manual")
+        assert large["model_id"] == "large-2026"
         assert listed["data"][0]["context_tokens"] == settings.model_context_tokens
         created = await running.client.post("/v1/sessions", json={"model_id": LARGE})
         assert created.status_code == 201, created.text

@@ -128,3 +128,17 @@ async def test_sdk_errors_carry_the_real_code_and_message(sdk: Everruns) -> None
         await sdk.sessions.create(title="x" * 1001)
     assert (invalid.value.status_code, invalid.value.code) == (422, "validation_error")
     assert invalid.value.message.startswith("title: ")
+
+
+async def test_models_list_and_get_parse_in_the_sdk(sdk: Everruns) -> None:
+    """`models.list()` raised 12 validation errors: the catalog lacked upstream's
+    ModelWithProvider fields."""
+    (model,) = await sdk.models.list()
+    assert model.id.startswith("model_")
+    assert (model.display_name, model.provider_type) == ("scripted", "scripted")
+    assert model.enabled
+    assert model.healthy
+    fetched = await sdk.models.get(model.id)
+    assert fetched.model_dump() == model.model_dump()
+    with pytest.raises(NotFoundError):
+        await sdk.models.get("model_" + "0" * 32)

@@ -1,4 +1,5 @@
-"""`GET /v1/models`: the models sessions and messages may select."""
+"""`GET /v1/models` and `GET /v1/models/{model_id}`: the models sessions and messages
+may select."""
 
 from fastapi import APIRouter, Response
 
@@ -16,7 +17,14 @@ router = APIRouter(tags=["models"])
 async def list_models(_org: OrgId, catalog: CatalogDep) -> Response:
     """The models the operator configured, the default first. A session's `model_id`
     and a message's `controls.model_id` must be one of these IDs (else `422`)."""
-    models = catalog.models
-    return wire.json_response(
-        wire.dumps({"data": [m.wire() for m in models], "total": len(models)})
-    )
+    return wire.json_response(catalog.listed())
+
+
+@router.get(
+    "/models/{model_id}",
+    response_model=schemas.Model,
+    responses=problem_responses(401, 404),
+)
+async def get_model(model_id: str, _org: OrgId, catalog: CatalogDep) -> Response:
+    """One model of the catalog (`404 model_not_found` for any other ID)."""
+    return wire.json_response(catalog.one(model_id))

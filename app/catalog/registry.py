@@ -14,10 +14,12 @@ import stat
 import unicodedata
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from app.errors import Unprocessable
+from app import wire
+from app.errors import ModelNotFound, Unprocessable
 from app.settings import Settings
 
 MODEL_ID = re.compile(r"model_[0-9a-f]{32}")
@@ -38,14 +40,37 @@ class Model:
     # What the provider calls it (the `model` of a Chat Completions request).
     provider_model: str
     context_tokens: int
+    # Upstream's `source`: `predefined` (the driver's one model) or `manual` (an
+    # operator's MODELS_FILE entry).
+    source: str = "predefined"
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self, loaded_at: str) -> dict[str, Any]:
+        """This service's fields, and upstream's ModelWithProvider around them (the
+        official SDK parses that): the driver is the provider, the model is enabled,
+        healthy and nobody's favourite, and its times are when this process loaded
+        the catalog."""
         return {
             "id": self.id,
             "name": self.name,
             "driver": self.driver,
             "context_tokens": self.context_tokens,
+            "display_name": self.name,
+            "model_id": self.provider_model,
+            "provider_id": provider_id(self.driver),
+            "provider_name": self.driver,
+            "provider_type": self.driver,
+            "capabilities": [],
+            "enabled": True,
+            "healthy": True,
+            "is_favorite": False,
+            "source": self.source,
+            "created_at": loaded_at,
+            "updated_at": loaded_at,
         }
+
+
+def provider_id(driver: str) -> str:
+    return "provider_" + uuid.uuid5(NAMESPACE, f"provider:{driver}").hex
 
 
 def derived_id(driver: str, provider_model: str) -> str:
@@ -58,6 +83,23 @@ class Catalog:
         self.models = models
         self.by_id = {m.id: m for m in models}
         self.default = models[0]
+        self.loaded_at = wire.timestamp(datetime.now(UTC))
+
+    def listed(self) -> bytes:
+        """`GET /v1/models`: every model, the default first."""
+        return wire.dumps(
+            {
+                "data": [m.wire(self.loaded_at) for m in self.models],
+                "total": len(self.models),
+            }
+        )
+
+    def one(self, model_id: str) -> bytes:
+        """`GET /v1/models/{id}`; ModelNotFound for an ID the catalog does not hold."""
+        model = self.by_id.get(model_id)
+        if model is None:
+            raise ModelNotFound(f"Model {model_id} not found")
+        return wire.dumps(model.wire(self.loaded_at))
 
     def get(self, model_id: str | None) -> Model:
         """The model an ID selects (the default for None). The ID was checked when it
@@ -182,4 +224,4 @@ def _model(entry: Any, where: str, settings: Settings) -> Model:
     context = entry.get("context_tokens", settings.model_context_tokens)
     if type(context) is not int or not 1_000 <= context <= 10_000_000:
         raise ConfigError(f"{where}.context_tokens: a whole number, 1000..10000000")
-    return Model(model_id, name, driver, provider_model, context)
+    return Model(model_id, name, driver, provider_model, context, source="manual")
