@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RUNTIME := $(VENV)/.runtime
 LINTED := app tests scripts bench clients/python examples
 
 .PHONY: help install run test lint typecheck fmt migrate openapi bench bench-smoke check clean
@@ -10,15 +11,23 @@ LINTED := app tests scripts bench clients/python examples
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml clients/python/pyproject.toml
+# `make run` needs the service only; `make install` (and test, lint ...) adds the dev
+# tools and the Python client on top.
+$(RUNTIME): pyproject.toml
+	@echo "installing the service into $(VENV) (once; about a minute)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --progress-bar on -e .
+	touch $(RUNTIME)
+
+$(STAMP): $(RUNTIME) pyproject.toml clients/python/pyproject.toml
+	@echo "installing the dev tools and the Python client into $(VENV)"
 	$(BIN)/pip install --quiet -e '.[dev]' -e clients/python
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install the project, its dev tools and the Python client
 
-run: $(STAMP) ## migrate the embedded SQLite file and serve on 127.0.0.1:8000
+run: $(RUNTIME) ## migrate the embedded SQLite file and serve on 127.0.0.1:8000
 	$(BIN)/python -m app serve
 
 test: $(STAMP) ## run the suite, both clients' tests included (SQLite; PostgreSQL too when TEST_DATABASE_URL is set), and hold app/'s coverage to its floor
