@@ -305,7 +305,9 @@ def openapi(args: argparse.Namespace) -> int:
     if args.output == "-":
         sys.stdout.write(document)
     else:
-        Path(args.output).write_text(document)
+        path = Path(args.output)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(document)
     return 0
 
 
@@ -413,7 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_tail.set_defaults(func=tail)
 
     p_openapi = commands.add_parser("openapi", help="write the OpenAPI document")
-    p_openapi.add_argument("--output", default="openapi/openapi.json")
+    p_openapi.add_argument(
+        "--output", default="-", help="a file to write (default: standard output)"
+    )
     p_openapi.set_defaults(func=openapi)
     return parser
 

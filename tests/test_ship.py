@@ -562,6 +562,15 @@ async def test_the_installed_package_migrates_and_serves_from_anywhere(
         [str(installed.bin / "evermirror"), "--version"], timeout=60, env=env
     )
     assert re.fullmatch(r"evermirror \d+\.\d+\.\d+\n", version), version
+    # The OpenAPI document from the installed package, anywhere (it looked for a
+    # checkout's openapi/ directory).
+    document = _run(
+        [str(installed.bin / "evermirror"), "openapi"],
+        timeout=60,
+        cwd=elsewhere,
+        env=env,
+    )
+    assert json.loads(document)["paths"]["/v1/sessions"]
     port = free_port()
     server = await start(
         processes,
