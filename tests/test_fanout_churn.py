@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.api import create_session, list_messages, post_message
+from tests.support.api import create_session, get_session, list_messages, post_message
 from tests.support.servers import api_fixture, live_server_fixture
 from tests.support.sse import SSEReader, merge_snapshots
 from tests.support.waits import wait_idle
@@ -19,7 +19,10 @@ from tests.support.waits import wait_idle
 # here, and under coverage tracing they fell seconds behind the stream.
 pytestmark = [pytest.mark.e2e, pytest.mark.no_cover]
 
-live_server = live_server_fixture("fanout-churn", SCRIPTED_DELAY_MS="4")
+# 300 deltas 15 ms apart: the turn streams for 4.5 s, long past the last joiner even on
+# a loaded machine (a stream opened without a cursor after the turn ended is sent
+# nothing of it, which is right, and is not what this test is about).
+live_server = live_server_fixture("fanout-churn", SCRIPTED_DELAY_MS="15")
 api = api_fixture()
 
 DELTAS = 300
@@ -79,6 +82,9 @@ async def test_subscribers_joining_and_leaving_during_a_turn_all_converge(
             (leavers if index % 3 == 0 else stayers).append(reader)
             if leavers and rng.random() < 0.5:
                 await leavers.pop(0).close()
+        # The premise: every subscriber joined while the turn was still streaming.
+        session = await get_session(api, sid)
+        assert session["status"] == "active", "the turn ended before the last joined"
         for reader in leavers:
             await reader.close()
         await wait_idle(api, sid, within=30)
