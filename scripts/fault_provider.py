@@ -10,13 +10,16 @@ It fails (exit 1) if a turn is left running, `/health` stalled past 100 ms, a st
 message passed 1.2 MB (the reply cap is 1,000,000 characters) or a mode logged more than
 200 KB. The provider runs in this process (its own thread and event loop); the service
 is a server process of its own on loopback, with MODEL_TIMEOUT_SECONDS=5 and
-MODEL_MAX_RETRIES=1 so that every mode ends within seconds.
+MODEL_MAX_RETRIES=1 so that every mode ends within seconds; the provider is a process
+of its own too, so that building its 30 MB answers does not stall this one's timing.
 """
 
 import argparse
 import asyncio
 import json
-import threading
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -169,20 +172,28 @@ async def completions(request: Request) -> Response:
     return StreamingResponse(answer(), media_type="text/event-stream")
 
 
-def start_provider(port: int) -> uvicorn.Server:
+def serve_provider(port: int) -> None:
     app = Starlette(
         routes=[Route("/v1/chat/completions", completions, methods=["POST"])]
     )
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error")
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error")
+
+
+def start_provider(port: int) -> subprocess.Popen[bytes]:
+    """The provider in a process of its own: building a 30 MB answer must not stall
+    this process's own /health timing."""
+    process = subprocess.Popen(
+        [sys.executable, __file__, "--serve-provider", str(port)]
     )
-    threading.Thread(target=server.run, daemon=True).start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the hostile provider did not start")
-        time.sleep(0.02)
-    return server
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return process
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the hostile provider did not start") from None
+            time.sleep(0.05)
 
 
 @dataclass
@@ -279,7 +290,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_database_options(parser)
     parser.add_argument("--modes", help="comma-separated names (default: all)")
+    parser.add_argument("--serve-provider", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_provider:
+        serve_provider(args.serve_provider)
+        return
     modes = args.modes.split(",") if args.modes else list(MODES)
     port = free_port()
     provider = start_provider(port)
@@ -292,22 +307,25 @@ def main() -> None:
                 print(f"{'ok  ' if outcome.ok() else 'FAIL'} {mode}: {outcome.ended}")
                 outcomes.append(outcome)
         print_table(outcomes)
-        provider.should_exit = True
         return all(o.ok() for o in outcomes)
 
-    run_with_server(
-        args,
-        prefix="evm_fault_provider_",
-        env={
-            "MODEL_DRIVER": "openai",
-            "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
-            "OPENAI_MODEL": "hostile",
-            "MODEL_TIMEOUT_SECONDS": "5",
-            "MODEL_MAX_RETRIES": "1",
-            "DEMO_TOOLS": "true",
-        },
-        scenario=scenario,
-    )
+    try:
+        run_with_server(
+            args,
+            prefix="evm_fault_provider_",
+            env={
+                "MODEL_DRIVER": "openai",
+                "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
+                "OPENAI_MODEL": "hostile",
+                "MODEL_TIMEOUT_SECONDS": "5",
+                "MODEL_MAX_RETRIES": "1",
+                "DEMO_TOOLS": "true",
+            },
+            scenario=scenario,
+        )
+    finally:
+        provider.terminate()
+        provider.wait(10)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,13 @@ closes the HTTP response at once: nothing more is generated for a cancelled turn
 import asyncio
 import logging
 import random
+import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any, cast
 
+import httpx2
 import openai
 import orjson
 from openai.types.chat import ChatCompletion
@@ -88,6 +90,41 @@ class ProviderError(Exception):
         self.after = after
 
 
+# How much of an error answer's body is read (its message is kept to 1,000 characters).
+MAX_ERROR_BODY_BYTES = 64 * 1024
+
+
+async def _cap_error_body(response: httpx2.Response) -> None:
+    """An error answer's body, read up to MAX_ERROR_BODY_BYTES before the `openai`
+    package reads and parses it: a provider, or a proxy in front of one, answering
+    megabytes would otherwise be read into memory and parsed on the event loop."""
+    if response.status_code < 400:
+        return
+    body = response.stream
+    assert isinstance(body, httpx2.AsyncByteStream)
+    kept = bytearray()
+    async for piece in body:
+        kept += piece
+        if len(kept) >= MAX_ERROR_BODY_BYTES:
+            break
+    await body.aclose()
+    response.stream = httpx2.ByteStream(bytes(kept[:MAX_ERROR_BODY_BYTES]))
+
+
+# The start of an error's `message` in a body that is not whole JSON (cut at
+# MAX_ERROR_BODY_BYTES): `{"error": {"message": "...`.
+MESSAGE_TEXT = re.compile(r'"message"\s*:\s*"((?:[^"\\]|\\.)*)')
+
+
+def _message_in_text(body: Any) -> str | None:
+    """An error message read from a body the `openai` package could not parse (it
+    hands such a body over as text): the start of its `message`, else the text."""
+    if not isinstance(body, str) or not body.strip():
+        return None
+    found = MESSAGE_TEXT.search(body)
+    return found.group(1) if found else body.strip()
+
+
 def _retry_after(headers: Any) -> float | None:
     """Seconds from a Retry-After header (delta-seconds or an HTTP date)."""
     if headers is None:
@@ -117,8 +154,10 @@ def classify(exc: Exception) -> ProviderError:
         retryable = status in RETRIED_STATUSES or status >= 500
         body = exc.body.get("error", exc.body) if isinstance(exc.body, dict) else None
         detail = (
-            body.get("message") if isinstance(body, dict) else None
-        ) or exc.response.reason_phrase
+            (body.get("message") if isinstance(body, dict) else None)
+            or _message_in_text(exc.body)
+            or exc.response.reason_phrase
+        )
         # Stored in the error part and logged: a provider's page of HTML, or worse, is
         # cut to its start.
         detail = str(detail)[: chat_stream.MAX_ERROR_CHARS]
@@ -203,7 +242,10 @@ class OpenAIDriver:
             max_retries=0,
             # A redirect is an answer, not a hop: following one would send the
             # provider key to wherever it points.
-            http_client=openai.DefaultAsyncHttpxClient(follow_redirects=False),
+            http_client=openai.DefaultAsyncHttpxClient(
+                follow_redirects=False,
+                event_hooks={"response": [_cap_error_body]},
+            ),
         )
 
     async def aclose(self) -> None:
