@@ -121,3 +121,11 @@ async def test_an_error_object_mid_stream_is_the_packages_api_error() -> None:
 async def test_a_chunk_that_is_not_json_is_an_api_error() -> None:
     with pytest.raises(openai.APIError, match="not JSON"):
         await drain(b"data: {nope\n\n", [])
+
+
+async def test_bytes_that_are_not_utf8_are_an_api_error() -> None:
+    """A chunk with bytes that are not UTF-8 is a failed attempt, not the runner's
+    internal error."""
+    body = b'data: {"choices":[{"delta":{"content":"\xff\xfe"}}]}\n\n'
+    with pytest.raises(openai.APIError, match="not JSON"):
+        await drain(body, [])
