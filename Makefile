@@ -30,8 +30,11 @@ install: $(STAMP) ## create .venv and install the project, its dev tools and the
 run: $(RUNTIME) ## migrate the embedded SQLite file and serve on 127.0.0.1:8000
 	$(BIN)/python -m app serve
 
+# Worker processes for the suite (`make test TEST_WORKERS=0` runs it in one process).
+TEST_WORKERS ?= 2
+
 test: $(STAMP) ## run the suite, both clients' tests included (SQLite; PostgreSQL too when TEST_DATABASE_URL is set), and hold app/'s coverage to its floor
-	$(BIN)/python -m pytest --cov --cov-report=term:skip-covered $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --cov --cov-report=term:skip-covered $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check $(LINTED)

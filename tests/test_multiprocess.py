@@ -151,14 +151,16 @@ async def test_turn_run_by_a_streams_to_clients_of_b(
         delta_frames = [f for f in sse.frames if f.event == "output.message.delta"]
         assert all(f.id is None for f in delta_frames)  # deltas are not resumable
         deltas = [f.json()["data"] for f in delta_frames]
-        assert len(deltas) == 60
+        # The bus joins deltas of one part that queue up behind a NOTIFY (a run of
+        # them within 5 ms): fewer frames under load, never a gap or a repeat.
+        assert 1 <= len(deltas) <= 60
         accumulated = ""
-        for index, delta in enumerate(deltas):
+        for delta in deltas:
             assert delta["message_id"] == agent_id
             assert delta["turn_id"] == turn_id
-            assert delta["delta"] == f"chunk{index} "
-            accumulated += delta["delta"]
-            assert delta["accumulated"] == accumulated
+            assert delta["accumulated"] == accumulated + delta["delta"]
+            accumulated = delta["accumulated"]
+        assert accumulated == "".join(f"chunk{index} " for index in range(60))
         completed = events[4]["data"]["message"]
         assert text_of(completed) == accumulated
         assert events[5]["data"]["final_message_id"] == agent_id

@@ -23,7 +23,7 @@ async def list_models(_org: OrgId, catalog: CatalogDep) -> Response:
 @router.get(
     "/models/{model_id}",
     response_model=schemas.Model,
-    responses=problem_responses(401, 404),
+    responses=problem_responses(400, 401, 404),
 )
 async def get_model(model_id: str, _org: OrgId, catalog: CatalogDep) -> Response:
     """One model of the catalog (`404 model_not_found` for any other ID)."""
