@@ -333,7 +333,20 @@ async def test_open_streams_hold_no_pooled_connection(running: Running) -> None:
         await settle(
             lambda: all(received[i] for i in range(0, 20, 2)), "`connected` frames"
         )
-        await asyncio.sleep(0.3)
+
+        # A stream's start reads once (its cursor, its replay) and gives the
+        # connection back; on a loaded machine the last of those may still run, or
+        # not have begun when another ended: wait for a quiet 0.3 s.
+        def pooled() -> tuple[int, int]:
+            return (reader.checkedout(), writer.checkedout())
+
+        async def quiet() -> bool:
+            if pooled() != baseline:
+                return False
+            await asyncio.sleep(0.3)
+            return pooled() == baseline
+
+        await wait_until(quiet, "the streams' start-up reads to end", within=10)
         assert not any(task.done() for task in consumers)
         assert (reader.checkedout(), writer.checkedout()) == baseline
 
