@@ -316,10 +316,7 @@ View = UpstreamView | MutationView
 
 async def _stream(
     view: View,
-    *,
     fanout: Fanout,
-    session_id: uuid.UUID,
-    config: StreamConfig,
     release: Callable[[], None],
     key_hash: str | None,
     writer: StreamWriter | None,
@@ -328,6 +325,7 @@ async def _stream(
     subscription receives through the view, batched, until the server closes the
     connection (a marker) or the client falls too far behind. Through `writer` (its
     response's) live deltas go straight out from the fan-out's pass."""
+    session_id, config = view.session_id, view.config
     sub = fanout.subscribe(session_id, key_hash)
     delta_frame = view.delta_frame
 
@@ -402,15 +400,7 @@ def upstream_events(
     """Upstream's `/sse`: `connected`, replay after the cursor, then the live tail.
     Revoking `key_hash` (the key it was opened with) ends it."""
     view = UpstreamView(database, session_id, cursor, accept, config)
-    return _stream(
-        view,
-        fanout=fanout,
-        session_id=session_id,
-        config=config,
-        release=release,
-        key_hash=key_hash,
-        writer=writer,
-    )
+    return _stream(view, fanout, release, key_hash, writer)
 
 
 def message_mutations(
@@ -429,15 +419,7 @@ def message_mutations(
     live projection, `reset` when the cursor cannot be honoured, and `disconnecting`
     before every close the server decides, as on `/sse`. Revoking `key_hash` ends it."""
     view = MutationView(database, fanout, session_id, after, include_internal, config)
-    return _stream(
-        view,
-        fanout=fanout,
-        session_id=session_id,
-        config=config,
-        release=release,
-        key_hash=key_hash,
-        writer=writer,
-    )
+    return _stream(view, fanout, release, key_hash, writer)
 
 
 async def _replay_events(
