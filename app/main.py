@@ -258,7 +258,7 @@ async def start_state(parts: Parts) -> tuple[AppState, Dispatcher]:
     cache = PageCache(settings.page_cache_bytes)
     bus = create_bus(settings.backend, settings.database_url)
     fanout = Fanout(
-        database,
+        reads,
         settings.sse_queue_size,
         retry_ms=settings.sse_retry_ms,
         heartbeat_seconds=settings.sse_heartbeat_seconds,

@@ -44,7 +44,7 @@ async def test_live_items_queue_behind_a_read_and_skip_the_pump_otherwise(
 ) -> None:
     state = running.app.state.app
     session_id = uuid_of(await create_session(running.client, "fan-out order"))
-    fanout = Fanout(state.database, 100)
+    fanout = Fanout(state.reads, 100)
     stream: AsyncIterator[bytes] = message_mutations(
         database=state.database,
         fanout=fanout,
@@ -131,7 +131,7 @@ async def test_the_first_read_covers_every_subscriber_that_went_live(
     read theirs at the start of a turn)."""
     state = running.app.state.app
     session_id = uuid_of(await create_session(running.client, "first read"))
-    fanout = Fanout(state.database, 100)
+    fanout = Fanout(state.reads, 100)
     try:
         sub = fanout.subscribe(session_id)
         sequences: list[int] = []

@@ -135,7 +135,7 @@ async def _wait_for_turn(
     ended = None
     if turn is not None:
         ended = await wait_for_turn(
-            state.database,
+            state.reads,
             state.fanout,
             session_id,
             parse_id("turn", turn),

@@ -11,6 +11,7 @@ import asyncio
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import aiosqlite
@@ -22,6 +23,9 @@ from app.backend import Backend
 from app.db.engine import PG_UNAVAILABLE
 from app.schemas import MAX_INT32
 from app.settings import Settings
+
+# The events that end a turn.
+TURN_ENDS = ("turn.completed", "turn.failed", "turn.cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +49,40 @@ class PageRows:
 class MessageRow:
     head: SessionHead
     snapshot: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedEvent:
+    sequence: int
+    id: uuid.UUID
+    type: str
+    body: bytes  # the event's wire JSON, as stored
+
+
+@dataclass(frozen=True, slots=True)
+class ChangedMessage:
+    """A message as a checkpoint left it: what its `message` Mutation is made of."""
+
+    changed_sequence: int
+    visible: bool
+    snapshot: bytes
+    id: uuid.UUID
+    revision: int
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoints:
+    events: list[LoggedEvent]  # oldest first
+    messages: list[ChangedMessage]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    outcome: bytes | None  # the turn's turn.completed|failed|cancelled event
+    status: str | None  # the session's status, while this is its active turn
+    messages: list[bytes]  # its visible agent messages' snapshots, oldest first
+    asking: list[bytes]  # its streaming messages with an interaction part
 
 
 def _page_sql(include_internal: bool, p: Sequence[str], null: dict[str, str]) -> str:
@@ -87,9 +125,49 @@ def _turn_watch_sql(p: Sequence[str]) -> str:
     )
 
 
+def _checkpoints_sql(p: Sequence[str], null: dict[str, str]) -> str:
+    """What committed in (after, upto]: the events (kind 0) and the messages changed
+    there (kind 1), in one statement and one snapshot."""
+    return (
+        f"SELECT 0, sequence, id, type, body, {null['int']}, {null['time']}"
+        f" FROM events WHERE session_id = {p[0]}"
+        f" AND sequence > {p[1]} AND sequence <= {p[2]}"
+        " UNION ALL SELECT 1, changed_sequence, id, visibility, snapshot, revision,"
+        f" updated_at FROM messages WHERE session_id = {p[0]}"
+        f" AND changed_sequence > {p[1]} AND changed_sequence <= {p[2]}"
+    )
+
+
+def _turn_outcome_sql(p: Sequence[str], null: dict[str, str]) -> str:
+    """A turn's outcome event (kind 0), the session's status while it is the active
+    turn (kind 1), and its messages (kind 2) that a waiting client is answered with
+    (the visible agent messages) or that may ask for an approval (streaming messages
+    with an interaction part), in one statement and one snapshot."""
+    ends = ", ".join(f"'{end}'" for end in TURN_ENDS)
+    listed = "role = 'agent' AND visibility = 'visible'"
+    asking = "state = 'streaming' AND snapshot LIKE '%\"type\":\"interaction\"%'"
+    return (
+        f"SELECT 0, {null['int']}, 0, 0, body FROM events"
+        f" WHERE session_id = {p[0]} AND turn_id = {p[1]} AND type IN ({ends})"
+        f" UNION ALL SELECT 1, {null['int']}, 0, 0, status FROM sessions"
+        f" WHERE id = {p[0]} AND active_turn_id = {p[1]}"
+        " UNION ALL SELECT 2, sequence,"
+        f" CASE WHEN {listed} THEN 1 ELSE 0 END,"
+        f" CASE WHEN {asking} THEN 1 ELSE 0 END, snapshot FROM messages"
+        f" WHERE session_id = {p[0]} AND turn_id = {p[1]}"
+        f" AND (({listed}) OR ({asking}))"
+    )
+
+
 def _upto(before_sequence: int | None) -> int:
     # Sequences are int32: the highest one a page may hold.
     return MAX_INT32 if before_sequence is None else before_sequence - 1
+
+
+def _text(value: str | bytes) -> str:
+    # Text comes back as bytes where the driver is told to (snapshots are served as
+    # stored); the short columns read as strings are decoded here.
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _head(record: Sequence[Any], parse: Callable[[Any], uuid.UUID]) -> SessionHead:
@@ -109,6 +187,8 @@ class Reads:
         self._message = _message_sql(p)
         self._head = _head_sql(p)
         self._turn_watch = _turn_watch_sql(p)
+        self._checkpoints = _checkpoints_sql(p, self.nulls)
+        self._turn_outcome = _turn_outcome_sql(p, self.nulls)
 
     async def start(self) -> None:
         return None
@@ -124,6 +204,9 @@ class Reads:
 
     def _uuid(self, value: Any) -> uuid.UUID:
         return value  # type: ignore[no-any-return]  # the driver decodes uuid columns
+
+    def _time(self, value: Any) -> datetime:
+        return value  # type: ignore[no-any-return]  # the driver decodes timestamps
 
     async def page(
         self,
@@ -182,6 +265,60 @@ class Reads:
             return False, None
         return bool(records[0][0]), records[0][1]
 
+    async def checkpoints(
+        self, session_id: uuid.UUID, *, after: int, upto: int
+    ) -> Checkpoints:
+        """What committed in (after, upto]: what the fan-out reads once for every
+        subscriber of a session at a wake-up."""
+        records = await self._fetch(
+            self._checkpoints, self._bind(session_id), after, upto
+        )
+        events: list[LoggedEvent] = []
+        messages: list[ChangedMessage] = []
+        for kind, sequence, row_id, text, body, revision, updated_at in records:
+            if kind == 0:
+                events.append(
+                    LoggedEvent(sequence, self._uuid(row_id), _text(text), body)
+                )
+            else:
+                messages.append(
+                    ChangedMessage(
+                        sequence,
+                        _text(text) == "visible",
+                        body,
+                        self._uuid(row_id),
+                        revision,
+                        self._time(updated_at),
+                    )
+                )
+        events.sort(key=lambda event: event.sequence)
+        return Checkpoints(events, messages)
+
+    async def turn_outcome(
+        self, session_id: uuid.UUID, turn_id: uuid.UUID
+    ) -> TurnOutcome:
+        """A turn's outcome event if it ended, the session's status while it is the
+        active turn, and its messages (see `_turn_outcome_sql`)."""
+        records = await self._fetch(
+            self._turn_outcome, self._bind(session_id), self._bind(turn_id)
+        )
+        outcome: bytes | None = None
+        status: str | None = None
+        listed: list[tuple[int, bytes]] = []
+        asking: list[bytes] = []
+        for kind, sequence, is_listed, is_asking, text in records:
+            if kind == 0:
+                outcome = text
+            elif kind == 1:
+                status = _text(text)
+            else:
+                if is_listed:
+                    listed.append((sequence, text))
+                if is_asking:
+                    asking.append(text)
+        listed.sort()
+        return TurnOutcome(outcome, status, [text for _, text in listed], asking)
+
 
 async def _noop_reset(_conn: asyncpg.Connection) -> None:
     # The pool's default reset is a round trip per release (RESET ALL, UNLISTEN ...);
@@ -206,6 +343,7 @@ class PgReads(Reads):
         "int": "NULL::integer",
         "text": "NULL::text",
         "uuid": "NULL::uuid",
+        "time": "NULL::timestamptz",
     }
 
     def __init__(self, settings: Settings) -> None:
@@ -252,7 +390,12 @@ class SqliteReads(Reads):
     writer). SQLite stores UUIDs as 32 hex characters."""
 
     placeholders: ClassVar[tuple[str, str, str]] = ("?1", "?2", "?3")
-    nulls: ClassVar[dict[str, str]] = {"int": "NULL", "text": "NULL", "uuid": "NULL"}
+    nulls: ClassVar[dict[str, str]] = {
+        "int": "NULL",
+        "text": "NULL",
+        "uuid": "NULL",
+        "time": "NULL",
+    }
 
     def __init__(self, settings: Settings, size: int = 4) -> None:
         super().__init__()
@@ -290,6 +433,10 @@ class SqliteReads(Reads):
 
     def _uuid(self, value: Any) -> uuid.UUID:
         return uuid.UUID(hex=value.decode() if isinstance(value, bytes) else value)
+
+    def _time(self, value: Any) -> datetime:
+        # Stored without an offset, as UTC (app.db.types.UtcDateTime).
+        return datetime.fromisoformat(_text(value)).replace(tzinfo=UTC)
 
 
 def create_reads(settings: Settings) -> Reads:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app import wire
-from app.db.session import Database
+from app.db.reads import Reads
 from app.live import frames
 from app.live.items import (
     Deleted,
@@ -137,7 +137,7 @@ class Channel:
 class Fanout:
     def __init__(
         self,
-        database: Database,
+        reads: Reads,
         queue_size: int,
         *,
         retry_ms: int = 100,
@@ -145,7 +145,7 @@ class Fanout:
         send_timeout_seconds: float = 30.0,
         on_missed_part: Callable[[uuid.UUID], None] = lambda message_id: None,
     ) -> None:
-        self.database = database
+        self.reads = reads
         self.queue_size = queue_size
         self.retry_ms = retry_ms
         self.heartbeat_seconds = heartbeat_seconds
@@ -404,7 +404,7 @@ class Fanout:
         if upto <= channel.last:
             return []
         channel.last, items = await read_checkpoints(
-            self.database,
+            self.reads,
             channel.session_id,
             after=channel.last,
             upto=upto,

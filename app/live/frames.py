@@ -183,7 +183,9 @@ def delta_mutation(delta: TextDelta, offset: int, text: str) -> bytes:
     return frame("delta", wire.dumps(body))
 
 
-def event_mutation(session_id: uuid.UUID, event_type: str, body: str) -> bytes | None:
+def event_mutation(
+    session_id: uuid.UUID, event_type: str, body: str | bytes
+) -> bytes | None:
     """The `turn` or `session` Mutation of a durable event, or None for the events
     that change neither. No `id:`: the cursor stays with message checkpoints, and a
     replay that sends one again is dropped by its `mutation_id`."""

@@ -5,17 +5,14 @@ a checkpoint's events, snapshots and Mutations."""
 import uuid
 from typing import Any, TypeVar
 
-from sqlalchemy import select
-
 from app.db import models
-from app.db.session import Database
-from app.journal.events import event_rows
+from app.db.reads import Reads
 from app.live import frames
 from app.live.outputs import EventMutationOut, EventOut, MessageOut, Out
 
 
 async def read_checkpoints(
-    database: Database,
+    reads: Reads,
     session_id: uuid.UUID,
     *,
     after: int,
@@ -23,52 +20,41 @@ async def read_checkpoints(
     retry_ms: int,
 ) -> tuple[int, list[Out]]:
     """What committed in (after, upto], in the order the streams send it, and the
-    sequence read up to (past `upto` when events had committed further). Two plain
-    statements, no ORM session: both read rows that committed before the wake-up that
-    asked for them, so they need no transaction in common."""
-    async with database.statements() as db:
-        events = await event_rows(db, session_id, after=after, upto=upto)
-        messages = (
-            await db.execute(
-                select(*MUTATION_COLUMNS)
-                .where(
-                    models.Message.session_id == session_id,
-                    models.Message.changed_sequence > after,
-                    models.Message.changed_sequence <= upto,
-                )
-                .order_by(models.Message.changed_sequence)
-            )
-        ).all()
-    last = max(after, events[-1][0] if events else upto)
+    sequence read up to. One statement, no ORM: it reads rows that committed before
+    the wake-up that asked for them."""
+    read = await reads.checkpoints(session_id, after=after, upto=upto)
+    last = max(after, read.events[-1].sequence if read.events else upto)
     changes: list[tuple[int, int, Out]] = []
-    for sequence, event_id, event_type, body in events:
+    for event in read.events:
         changes.append(
             (
-                sequence,
+                event.sequence,
                 EVENT,
                 EventOut(
-                    sequence,
-                    event_type,
-                    frames.durable_event(event_id, event_type, body, retry_ms),
+                    event.sequence,
+                    event.type,
+                    frames.durable_event(event.id, event.type, event.body, retry_ms),
                 ),
             )
         )
-        mutation = frames.event_mutation(session_id, event_type, body)
+        mutation = frames.event_mutation(session_id, event.type, event.body)
         if mutation is not None:
             changes.append(
-                (sequence, EVENT_MUTATION, EventMutationOut(sequence, mutation))
+                (
+                    event.sequence,
+                    EVENT_MUTATION,
+                    EventMutationOut(event.sequence, mutation),
+                )
             )
     changes.extend(
         (
             row.changed_sequence,
             SNAPSHOT,
             MessageOut(
-                row.changed_sequence,
-                row.visibility == "visible",
-                message_frame(session_id, row),
+                row.changed_sequence, row.visible, message_frame(session_id, row)
             ),
         )
-        for row in messages
+        for row in read.messages
     )
     return last, checkpoint_order(changes)
 

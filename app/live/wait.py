@@ -14,17 +14,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from app import wire
-from app.db import models
-from app.db.session import Database
+from app.db.reads import TURN_ENDS, Reads
 from app.errors import Unauthorized
 from app.live.fanout import Fanout
 from app.live.outputs import CYCLE, GONE, RESYNC, REVOKED, EventOut
 
-TURN_ENDS = ("turn.completed", "turn.failed", "turn.cancelled")
 # Checkpoints after which the turn may be waiting for its client: tool calls it runs
 # on the client, an approval asked for (the message's checkpoint carries the part).
 MAY_WAIT = ("tool.call_requested", "output.message.completed")
@@ -37,7 +32,7 @@ class Ended:
 
     type: str
     data: dict[str, Any]
-    messages: list[str]
+    messages: list[bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,83 +42,34 @@ class Waiting:
     the turn's agent messages so far hold the calls and interactions."""
 
     waiting_for: str
-    messages: list[str]
+    messages: list[bytes]
 
 
 async def turn_ended(
-    database: Database,
+    reads: Reads,
     session_id: uuid.UUID,
     turn_id: uuid.UUID,
     *,
     waiting: bool = False,
 ) -> Ended | Waiting | None:
-    """The turn's outcome, or None while it runs. One indexed read for the outcome
-    event; the messages are read only once it exists. With `waiting`, a turn that
-    waits for its client is `Waiting` (one more read, of the session's status, and of
-    the turn's messages if it may)."""
-    async with database.read() as db:
-        body = await db.scalar(
-            select(models.Event.body).where(
-                models.Event.session_id == session_id,
-                models.Event.turn_id == turn_id,
-                models.Event.type.in_(TURN_ENDS),
-            )
-        )
-        waiting_for = None
-        if body is None:
-            if not waiting:
-                return None
-            waiting_for = await _waiting_for(db, session_id, turn_id)
-            if waiting_for is None:
-                return None
-        snapshots = list(
-            (
-                await db.scalars(
-                    select(models.Message.snapshot)
-                    .where(
-                        models.Message.session_id == session_id,
-                        models.Message.turn_id == turn_id,
-                        models.Message.role == "agent",
-                        models.Message.visibility == "visible",
-                    )
-                    .order_by(models.Message.sequence)
-                )
-            ).all()
-        )
-    if waiting_for is not None:
-        return Waiting(waiting_for, snapshots)
-    assert body is not None
-    event = wire.loads(body)
-    return Ended(event["type"], event.get("data") or {}, snapshots)
-
-
-async def _waiting_for(
-    db: AsyncSession, session_id: uuid.UUID, turn_id: uuid.UUID
-) -> str | None:
-    """What the running turn waits for from its client, if anything: the session's
-    status says tool results; an approval is a pending interaction in the turn's
-    streaming message (looked for by text first, parsed only where it may be)."""
-    status = await db.scalar(
-        select(models.Session.status).where(
-            models.Session.id == session_id, models.Session.active_turn_id == turn_id
-        )
-    )
-    if status is None:
+    """The turn's outcome, or None while it runs; with `waiting`, a turn that waits
+    for its client is `Waiting`: the session's status says tool results, or a pending
+    interaction in one of the turn's streaming messages asks for an approval (looked
+    for by text in the database first, parsed only where it may be). One statement."""
+    read = await reads.turn_outcome(session_id, turn_id)
+    if read.outcome is not None:
+        event = wire.loads(read.outcome)
+        return Ended(event["type"], event.get("data") or {}, read.messages)
+    if not waiting or read.status is None:
         return None
-    if status == "waitingfortoolresults":
-        return "tool_results"
-    candidates = await db.scalars(
-        select(models.Message.snapshot).where(
-            models.Message.session_id == session_id,
-            models.Message.turn_id == turn_id,
-            models.Message.state == "streaming",
-            models.Message.snapshot.contains('"type":"interaction"'),
-        )
-    )
-    return "approval" if any(map(_asks_approval, candidates)) else None
+    if read.status == "waitingfortoolresults":
+        return Waiting("tool_results", read.messages)
+    if any(map(_asks_approval, read.asking)):
+        return Waiting("approval", read.messages)
+    return None
 
 
-def _asks_approval(snapshot: str) -> bool:
+def _asks_approval(snapshot: bytes) -> bool:
     return any(
         part.get("type") == "interaction" and part.get("status") == "pending"
         for part in wire.loads(snapshot).get("content") or ()
@@ -131,7 +77,7 @@ def _asks_approval(snapshot: str) -> bool:
 
 
 async def wait_for_turn(
-    database: Database,
+    reads: Reads,
     fanout: Fanout,
     session_id: uuid.UUID,
     turn_id: uuid.UUID,
@@ -152,7 +98,7 @@ async def wait_for_turn(
         # The deadline closes the subscription: no timer or task per item waited for.
         timer = loop.call_at(deadline, sub.close)
         try:
-            ended = await turn_ended(database, session_id, turn_id, waiting=True)
+            ended = await turn_ended(reads, session_id, turn_id, waiting=True)
             if ended is not None:
                 return ended
             while True:
@@ -171,9 +117,7 @@ async def wait_for_turn(
                     isinstance(item, EventOut)
                     and (item.type in TURN_ENDS or item.type in MAY_WAIT)
                 ):
-                    ended = await turn_ended(
-                        database, session_id, turn_id, waiting=True
-                    )
+                    ended = await turn_ended(reads, session_id, turn_id, waiting=True)
                     if ended is not None:
                         return ended
         finally:
