@@ -4,7 +4,7 @@ caller or a 404, its usage added to, and the turns that run in an organization."
 import uuid
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 
 from app.db import models
 from app.db.rows import LockedSession
@@ -75,16 +75,10 @@ async def record_usage(
     if not usage:
         return
     conn = await db.core()
-    attributes = await conn.scalar(
-        select(models.Session.attributes).where(models.Session.id == session.id)
-    )
-    attributes = dict(attributes or {})
+    params = {"session_id": session.id}
+    attributes = dict(await conn.scalar(_ATTRIBUTES, params) or {})
     attributes["usage"] = add_usage(attributes.get("usage"), usage)
-    await conn.execute(
-        update(models.Session)
-        .where(models.Session.id == session.id)
-        .values(attributes=attributes)
-    )
+    await conn.execute(_SET_ATTRIBUTES, {**params, "new_attributes": attributes})
 
 
 async def count_running_turns(db: Write, *, organization_id: uuid.UUID) -> int:
@@ -92,13 +86,30 @@ async def count_running_turns(db: Write, *, organization_id: uuid.UUID) -> int:
     waiting for client tool results runs nowhere: it holds no place (when its results
     arrive it goes on without being admitted again)."""
     conn = await db.core()
-    count = await conn.scalar(
-        select(func.count())
-        .select_from(models.Session)
-        .where(
-            models.Session.organization_id == organization_id,
-            models.Session.active_turn_id.is_not(None),
-            models.Session.status != "waitingfortoolresults",
+    count = await conn.scalar(_RUNNING_TURNS, {"organization_id": organization_id})
+    return int(count or 0)
+
+
+# Statements run once or twice per turn, built once: building and cache-keying a
+# statement costs more CPU than running it (about 300 of 570 us on PostgreSQL).
+_ATTRIBUTES = select(models.Session.attributes).where(
+    models.Session.id == bindparam("session_id")
+)
+_SET_ATTRIBUTES = (
+    update(models.Session)
+    .where(models.Session.id == bindparam("session_id"))
+    .values(
+        attributes=bindparam(
+            "new_attributes", type_=models.Session.__table__.c.attributes.type
         )
     )
-    return int(count or 0)
+)
+_RUNNING_TURNS = (
+    select(func.count())
+    .select_from(models.Session)
+    .where(
+        models.Session.organization_id == bindparam("organization_id"),
+        models.Session.active_turn_id.is_not(None),
+        models.Session.status != "waitingfortoolresults",
+    )
+)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, func, insert, or_, select
+from sqlalchemy import Integer, Row, bindparam, func, insert, or_, select
 
 from app.db import models
 from app.db.admission import Units
@@ -22,6 +22,34 @@ DEFAULT_MAX_ITERATIONS = 20
 WAITING = "waitingfortoolresults"
 
 
+# The statements every turn runs, built once: building and cache-keying a statement
+# costs more CPU than running it (about 300 of 570 us on PostgreSQL).
+_ACTIVE_TURN = select(
+    models.Session.active_turn_id,
+    models.Session.attributes,
+    models.Session.status,
+    models.Session.cancel_requested_at,
+).where(models.Session.id == bindparam("session_id"))
+_ATTRIBUTES = select(models.Session.attributes).where(
+    models.Session.id == bindparam("session_id")
+)
+_CANCEL_AND_ATTRIBUTES = select(
+    models.Session.cancel_requested_at, models.Session.attributes
+).where(models.Session.id == bindparam("session_id"))
+_NEWEST_MESSAGES = (
+    select(
+        models.Message.snapshot,
+        models.Message.role,
+        models.Message.sequence,
+        models.Message.visibility,
+        models.Message.content,
+    )
+    .where(models.Message.session_id == bindparam("session_id"))
+    .order_by(models.Message.sequence.desc())
+    .limit(bindparam("limit", type_=Integer))
+)
+
+
 async def active_turn(
     database: Units, session_id: uuid.UUID
 ) -> tuple[uuid.UUID | None, int]:
@@ -29,14 +57,7 @@ async def active_turn(
     results has no runner until they arrive (or a cancel is requested)."""
     async with database.statements() as conn:
         row = (
-            await conn.execute(
-                select(
-                    models.Session.active_turn_id,
-                    models.Session.attributes,
-                    models.Session.status,
-                    models.Session.cancel_requested_at,
-                ).where(models.Session.id == session_id)
-            )
+            await conn.execute(_ACTIVE_TURN, {"session_id": session_id})
         ).one_or_none()
     if row is None:
         return None, DEFAULT_MAX_ITERATIONS
@@ -52,9 +73,7 @@ async def session_tools(
     """The session's tool definitions as they are now (a PATCH takes effect at the
     next step), and whether tools that require approval ask for it."""
     async with database.statements() as conn:
-        attributes = await conn.scalar(
-            select(models.Session.attributes).where(models.Session.id == session_id)
-        )
+        attributes = await conn.scalar(_ATTRIBUTES, {"session_id": session_id})
     attributes = attributes or {}
     ask = attributes.get("approval_mode") != "always-allow"
     return list(attributes.get("tools") or []), ask
@@ -73,28 +92,10 @@ class Recent:
 async def recent_messages(database: Units, session_id: uuid.UUID, limit: int) -> Recent:
     """The session's cancel request and attributes (read first: a cancel that commits
     after it is seen at the step's checkpoint), and its `limit` newest messages."""
+    params = {"session_id": session_id, "limit": limit}
     async with database.statements() as conn:
-        session = (
-            await conn.execute(
-                select(
-                    models.Session.cancel_requested_at, models.Session.attributes
-                ).where(models.Session.id == session_id)
-            )
-        ).one_or_none()
-        rows = (
-            await conn.execute(
-                select(
-                    models.Message.snapshot,
-                    models.Message.role,
-                    models.Message.sequence,
-                    models.Message.visibility,
-                    models.Message.content,
-                )
-                .where(models.Message.session_id == session_id)
-                .order_by(models.Message.sequence.desc())
-                .limit(limit)
-            )
-        ).all()
+        session = (await conn.execute(_CANCEL_AND_ATTRIBUTES, params)).one_or_none()
+        rows = (await conn.execute(_NEWEST_MESSAGES, params)).all()
     cancel, attributes = session if session is not None else (None, {})
     return Recent(cancel is not None, attributes or {}, list(reversed(rows)))
 
