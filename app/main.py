@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel
 
 from app import __doc__ as app_doc
+from app.api.agent import card_router, router as agent_router
 from app.api.asgi import Service, TracedService
 from app.api.catalog import router as catalog_router
 from app.api.conditional import IfNoneMatchStarMiddleware
@@ -76,6 +77,7 @@ def api_router() -> APIRouter:
         catalog_router,
         tools_router,
         interactions_router,
+        agent_router,
     ):
         router.include_router(feature)
     return router
@@ -197,8 +199,10 @@ def create_app(settings: Settings | None = None) -> Service:
     install_error_handlers(api)
     install_middleware(api, settings, parts.limiter)
     api.include_router(api_router(), prefix="/v1")
+    api.include_router(card_router("/v1"))
     # Upstream's base URL (and the official SDK's) ends in /api: same routes, same names.
     api.include_router(api_router(), prefix="/api/v1", include_in_schema=False)
+    api.include_router(card_router("/api/v1", include_in_schema=False))
     # The web view (the sessions' view_url) and its static files; not in the schema.
     api.include_router(web_router())
     install_openapi(api)

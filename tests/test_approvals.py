@@ -252,3 +252,106 @@ async def test_a_decision_posted_to_another_process_reaches_the_runner(
         assert text_of(final).endswith(
             'The lookup tool returned {"query": "tea", "answer": 42}.'
         )
+
+
+async def approvals(
+    client: httpx.AsyncClient, session_id: str, *decisions: dict[str, Any]
+) -> httpx.Response:
+    return await client.post(
+        f"/v1/sessions/{session_id}/tool-approvals",
+        json={"decisions": list(decisions)},
+    )
+
+
+async def test_tool_approvals_decide_by_tool_call_or_interaction_all_or_nothing(
+    client: httpx.AsyncClient, running: Running
+) -> None:
+    """`POST .../tool-approvals` (the SDK's `AgentClient.submit_tool_approvals`):
+    decisions name the tool call or the interaction; one that fails writes none."""
+    database = running.app.state.app.database
+    session_id = await guarded_session(client)
+    await post_message(client, session_id, ASK)
+    interaction = await first_pending(client, session_id)
+    call_id = interaction["tool_call_id"]
+    unknown = "interaction_" + "0" * 32
+
+    before = await table_rows(database)
+    refused = [
+        # A valid decision beside one for nothing pending: neither is written.
+        (
+            await approvals(
+                client,
+                session_id,
+                {"tool_call_id": call_id, "decision": "approve"},
+                {"tool_call_id": "call_nothing", "decision": "approve"},
+            ),
+            404,
+        ),
+        (
+            await approvals(
+                client,
+                session_id,
+                {"tool_call_id": call_id, "decision": "approve"},
+                {"interaction_id": unknown, "decision": "deny"},
+            ),
+            404,
+        ),
+        (
+            await approvals(
+                client,
+                session_id,
+                {"tool_call_id": call_id, "decision": "approve"},
+                {"interaction_id": interaction["interaction_id"], "decision": "deny"},
+            ),
+            422,
+        ),
+        (await approvals(client, session_id), 422),
+        (await approvals(client, session_id, {"decision": "approve"}), 422),
+        (
+            await approvals(
+                client,
+                session_id,
+                {
+                    "tool_call_id": call_id,
+                    "interaction_id": interaction["interaction_id"],
+                    "decision": "approve",
+                },
+            ),
+            422,
+        ),
+        (
+            await approvals(
+                client, session_id, {"tool_call_id": call_id, "decision": "maybe"}
+            ),
+            422,
+        ),
+    ]
+    for response, status in refused:
+        assert_problem(response, status)
+    assert await table_rows(database) == before
+    assert [i["interaction_id"] for i in await pending(client, session_id)] == [
+        interaction["interaction_id"]
+    ]
+
+    decided = await approvals(
+        client,
+        session_id,
+        {"tool_call_id": call_id, "decision": "deny", "reason": "not today"},
+    )
+    assert decided.status_code == 200, decided.text
+    (view,) = decided.json()["data"]
+    assert (view["interaction_id"], view["status"]) == (
+        interaction["interaction_id"],
+        "denied",
+    )
+    assert view["response"] == {"decision": "deny", "reason": "not today"}
+    await wait_idle(client, session_id)
+    final = (await list_messages(client, session_id))["data"][-1]
+    (result,) = parts(final, "tool_result")
+    assert result["error"] == "The user denied this tool call: not today"
+    again = await approvals(
+        client,
+        session_id,
+        {"interaction_id": interaction["interaction_id"], "decision": "approve"},
+    )
+    assert_problem(again, 409, code="interaction_resolved")

@@ -1,11 +1,14 @@
 """The official Python client (`everruns_sdk`) against a real server process, with the
 SDK's own base URL shape (`.../api`) and a bare API key (open mode accepts any)."""
 
+import httpx
 import pytest
-from everruns_sdk import Everruns
+from everruns_sdk import AgentClient, Everruns
 from everruns_sdk.errors import ApiError, NotFoundError
 
-from tests.support.waits import wait_sdk_idle
+from tests.support.api import text_of
+from tests.support.servers import Server
+from tests.support.waits import wait_idle, wait_sdk_idle, wait_until
 
 
 async def test_sessions_create_get_list_delete(sdk: Everruns) -> None:
@@ -142,3 +145,68 @@ async def test_models_list_and_get_parse_in_the_sdk(sdk: Everruns) -> None:
     assert fetched.model_dump() == model.model_dump()
     with pytest.raises(NotFoundError):
         await sdk.models.get("model_" + "0" * 32)
+
+
+async def test_agent_client_card_messages_and_tool_approvals(server: Server) -> None:
+    """The SDK's `AgentClient` with `{server}/v1` as its agent URL: the card, a
+    session and a message, and a held-back tool call approved through
+    `submit_tool_approvals`."""
+    guarded = {
+        "type": "builtin",
+        "name": "lookup",
+        "description": "Look something up",
+        "parameters": {"type": "object"},
+        "policy": "requires_approval",
+    }
+    async with AgentClient(
+        agent_url=f"{server.url}/v1", credential="evm_any_key_in_open_mode"
+    ) as agent:
+        card = await agent.card()
+        assert card["name"] == "evermirror"
+        assert "text" in card["accepted_input"]
+        assert card["credentials"] == []  # open mode: no key exists
+        created = await agent.create_session("agent client")
+        assert created["id"].startswith("session_")
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            session = await http.post("/v1/sessions", json={"tools": [guarded]})
+            session_id = session.json()["id"]
+            await agent.send_message(session_id, '/scenario call lookup {"q": 1}')
+
+            async def asked() -> bool:
+                listed = await http.get(
+                    f"/v1/sessions/{session_id}/interactions",
+                    params={"status": "pending"},
+                )
+                return bool(listed.json()["data"])
+
+            await wait_until(asked, "a pending approval")
+            messages = (await http.get(f"/v1/sessions/{session_id}/messages")).json()
+        (call,) = [
+            p for p in messages["data"][-1]["content"] if p["type"] == "tool_call"
+        ]
+        decided = await agent.submit_tool_approvals(
+            session_id,
+            {"decisions": [{"tool_call_id": call["id"], "decision": "approve"}]},
+        )
+        assert [d["status"] for d in decided["data"]] == ["approved"]
+        with pytest.raises(ApiError) as twice:
+            await agent.submit_tool_approvals(
+                session_id,
+                {"decisions": [{"tool_call_id": call["id"], "decision": "deny"}]},
+            )
+        assert twice.value.status_code == 409
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            await wait_idle(http, session_id)
+            final = (await http.get(f"/v1/sessions/{session_id}/messages")).json()
+        assert text_of(final["data"][-1]).endswith(
+            'The lookup tool returned {"query": null, "answer": 42}.'
+        )
+        assert (await agent.get_session(session_id))["status"] == "idle"
+        listed = await agent.list_sessions(limit=1)
+        assert [s["id"] for s in listed["data"]] == [session_id]
+        events = await agent.list_events(session_id, after_sequence=0)
+        assert [e.sequence for e in events] == list(range(1, len(events) + 1))
+        # `limit` is upstream's "the last N matching events".
+        newest = await agent.list_events(session_id, after_sequence=0, limit=2)
+        assert [e.sequence for e in newest] == [len(events) - 1, len(events)]
+        await agent.cancel(session_id)  # nothing runs: a no-op, not an error

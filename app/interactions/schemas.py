@@ -2,7 +2,7 @@
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from app.schemas import InputSchema, Schema, StorableText
 
@@ -32,3 +32,26 @@ class Interaction(Schema):
 
 class InteractionList(Schema):
     data: list[Interaction]
+
+
+class ToolDecision(Decision):
+    """One decision of `POST .../tool-approvals`: the pending approval named by its
+    interaction or by the tool call it holds back (exactly one of the two)."""
+
+    interaction_id: Annotated[
+        str | None, Field(pattern="^interaction_[0-9a-f]{32}$", max_length=44)
+    ] = None
+    tool_call_id: Annotated[str | None, Field(min_length=1, max_length=256)] = None
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "ToolDecision":
+        if (self.interaction_id is None) == (self.tool_call_id is None):
+            raise ValueError("give exactly one of interaction_id and tool_call_id")
+        return self
+
+
+class ToolApprovals(InputSchema):
+    """Several decisions at once: all are written, or none (a `404` or `409` for one
+    of them writes nothing)."""
+
+    decisions: Annotated[list[ToolDecision], Field(min_length=1, max_length=64)]

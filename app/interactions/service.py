@@ -12,7 +12,7 @@ from app.db import models
 from app.db.rows import MessageRow
 from app.db.types import utcnow
 from app.db.writes import Write
-from app.errors import Conflict, NotFound
+from app.errors import Conflict, NotFound, Unprocessable
 from app.ids import format_id
 from app.interactions import schemas
 from app.journal import lifecycle
@@ -95,6 +95,59 @@ async def _message_of(
         if message is not None:
             return message
     return None
+
+
+async def resolve_many(
+    db: Write,
+    *,
+    organization_id: uuid.UUID,
+    session_id: uuid.UUID,
+    decisions: list[schemas.ToolDecision],
+) -> list[dict[str, Any]]:
+    """`POST .../tool-approvals`: each decision as `resolve` makes it, in the caller's
+    unit of work, so a decision that fails (unknown, already decided, or named twice)
+    leaves the others unwritten too."""
+    resolved: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for decision in decisions:
+        interaction_id = decision.interaction_id or await _interaction_of_call(
+            db, session_id, organization_id, decision.tool_call_id or ""
+        )
+        if interaction_id in seen:
+            raise Unprocessable(f"Interaction {interaction_id} is decided twice")
+        seen.add(interaction_id)
+        resolved.append(
+            await resolve(
+                db,
+                organization_id=organization_id,
+                session_id=session_id,
+                interaction_id=interaction_id,
+                data=decision,
+            )
+        )
+    return resolved
+
+
+async def _interaction_of_call(
+    db: Write, session_id: uuid.UUID, organization_id: uuid.UUID, tool_call_id: str
+) -> str:
+    """The pending approval that holds back a tool call (404 when there is none)."""
+    await lock_owned_session(db, organization_id=organization_id, session_id=session_id)
+    conn = await db.core()
+    snapshots = await conn.scalars(
+        select(models.Message.snapshot).where(
+            models.Message.session_id == session_id,
+            models.Message.state == "streaming",
+            models.Message.snapshot.contains('"type":"interaction"'),
+        )
+    )
+    for snapshot in snapshots.all():
+        for part in _interaction_parts(wire.loads(snapshot).get("content") or []):
+            if part.get("tool_call_id") == tool_call_id and part.get("interaction_id"):
+                return str(part["interaction_id"])
+    raise InteractionNotFound(
+        f"No pending approval holds back tool call {tool_call_id}"
+    )
 
 
 async def resolve(
