@@ -352,6 +352,43 @@ async def test_tool_results_and_approvals(keyed_server: KeyedServer) -> None:
         assert caught.value.code == "interaction_resolved"
 
 
+async def test_send_and_wait_answers_waiting_for_the_client(
+    keyed_server: KeyedServer,
+) -> None:
+    weather = {
+        "type": "client_side",
+        "name": "get_weather",
+        "description": "The weather",
+        "parameters": {"type": "object"},
+    }
+    guarded = {
+        "type": "builtin",
+        "name": "lookup",
+        "description": "Look something up",
+        "parameters": {"type": "object"},
+        "policy": "requires_approval",
+    }
+    async with make_client(keyed_server) as client:
+        session = await client.create_session(tools=[weather, guarded])
+        tools = await session.send_and_wait(
+            '/scenario call get_weather {"city": "Oslo"}'
+        )
+        assert (tools.status, tools.waiting_for) == ("waiting", "tool_results")
+        (call,) = [p for p in tools.messages[-1]["content"] if p["type"] == "tool_call"]
+        assert call["name"] == "get_weather"
+        await session.submit_tool_results(
+            [{"tool_call_id": call["id"], "result": "ok"}]
+        )
+        await wait_idle(session)
+        ask = await session.send_and_wait('/scenario call lookup {"query": "tea"}')
+        assert (ask.status, ask.waiting_for) == ("waiting", "approval")
+        (pending,) = await session.interactions("pending")
+        await session.respond(pending["interaction_id"], "approve")
+        await wait_idle(session)
+        done = await session.send_and_wait("and now")
+        assert (done.status, done.waiting_for) == ("completed", None)
+
+
 # ---- subscribe() --------------------------------------------------------------------
 
 

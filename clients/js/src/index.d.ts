@@ -107,12 +107,15 @@ export interface SessionMutation {
 }
 /** `sendAndWait()`: how the message's turn ended. */
 export interface TurnResult {
-  status: "completed" | "failed" | "timeout";
+  /** `waiting`: the turn cannot go on without this client (see `waiting_for`). */
+  status: "completed" | "failed" | "waiting" | "timeout";
   /** The posted message, as stored. */
   message: Message;
-  /** The turn's agent messages (absent on a timeout). */
+  /** The turn's agent messages, so far when it waits (absent on a timeout). */
   messages?: Message[];
   error?: { code: string; message: string };
+  /** With `waiting`: client-side tool calls to answer, or an approval to decide. */
+  waiting_for?: "tool_results" | "approval";
 }
 /** A result of a client-side tool call, for `submitToolResults()`. */
 export interface ToolResult {

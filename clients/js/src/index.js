@@ -166,8 +166,10 @@ export class Session {
 
   /**
    * Posts a user message and resolves when its turn ends (`?wait=true`):
-   * `{status: "completed" | "failed" | "timeout", message, messages, error?}`, where
-   * `message` is the posted message as stored and `messages` the turn's agent messages.
+   * `{status: "completed" | "failed" | "waiting" | "timeout", message, messages, error?,
+   * waiting_for?}`, where `message` is the posted message as stored and `messages` the
+   * turn's agent messages; `waiting` comes as soon as the turn waits for this client
+   * (`waiting_for`: `tool_results` or `approval`).
    * `timeout_ms` is how long the service waits (its default: 120,000).
    */
   sendAndWait(text, { timeout_ms, signal, ...options } = {}) {

@@ -171,3 +171,25 @@ describe("client-side tools", { timeout: 60_000 }, () => {
     assert.equal((await session.get()).status, "started");
   });
 });
+
+describe("sendAndWait() and the client", { timeout: 60_000 }, () => {
+  test("answers waiting as soon as the turn waits for tool results or an approval", async () => {
+    const session = await client().createSession({ tools: [WEATHER, GUARDED] });
+    const tools = await session.sendAndWait('/scenario call get_weather {"city": "Oslo"}');
+    assert.equal(tools.status, "waiting");
+    assert.equal(tools.waiting_for, "tool_results");
+    const [call] = partsOf(tools.messages.at(-1), "tool_call");
+    assert.equal(call.name, "get_weather");
+    await session.submitToolResults([{ tool_call_id: call.id, result: "ok" }]);
+    await waitIdle(session);
+    const ask = await session.sendAndWait(ASK);
+    assert.equal(ask.status, "waiting");
+    assert.equal(ask.waiting_for, "approval");
+    const pending = await pendingApproval(session);
+    await session.respond(pending.interaction_id, { decision: "approve" });
+    await waitIdle(session);
+    const done = await session.sendAndWait("and now");
+    assert.equal(done.status, "completed");
+    assert.equal(done.waiting_for, undefined);
+  });
+});

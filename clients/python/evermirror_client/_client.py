@@ -317,9 +317,10 @@ class Session:
         tags: list[str] | None = None,
     ) -> TurnResult:
         """Posts a user message and answers when its turn ends (`?wait=true`):
-        `status` is completed or failed (`error` says why), or timeout after
-        `timeout_ms` (the service's default is 120000); `message` is the posted message,
-        `messages` the turn's agent messages."""
+        `status` is completed or failed (`error` says why), waiting as soon as the
+        turn waits for this client (`waiting_for`: `tool_results` or `approval`), or
+        timeout after `timeout_ms` (the service's default is 120000); `message` is the
+        posted message, `messages` the turn's agent messages."""
         body = _message_body(
             text, client_message_id, visibility, controls, metadata, tags
         )
@@ -337,6 +338,7 @@ class Session:
             answer["message"],
             answer.get("messages", []),
             answer.get("error"),
+            answer.get("waiting_for"),
         )
 
     async def cancel(self) -> dict[str, Any]:

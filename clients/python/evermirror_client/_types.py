@@ -103,13 +103,16 @@ class SessionMutation:
 @dataclass(frozen=True)
 class TurnResult:
     """`send_and_wait`: how the message's turn ended (`completed`, `failed`, or
-    `timeout` if it had not ended in time), the posted message as stored, the turn's
-    agent messages, and what went wrong (`{code, message}`) when it failed."""
+    `timeout` if it had not ended in time), or `waiting` when it cannot go on without
+    the client (`waiting_for`: `tool_results` or `approval`); the posted message as
+    stored, the turn's agent messages (so far, holding the calls or approvals it waits
+    on), and what went wrong (`{code, message}`) when it failed."""
 
     status: str
     message: Message
     messages: list[Message]
     error: dict[str, Any] | None = None
+    waiting_for: str | None = None
 
 
 @dataclass(frozen=True)
