@@ -398,7 +398,8 @@ async def test_subscribe_delivers_a_turn_continuously(
     transport = RecordingTransport()
     async with make_client(keyed_server, transport) as client:
         session = await client.create_session()
-        async with session.subscribe() as stream:
+        statuses: list[str] = []
+        async with session.subscribe(on_status=statuses.append) as stream:
             # Subscribed before posting: nothing of the turn can be missed.
             first = asyncio.ensure_future(anext(stream))
             await wait_until(
@@ -408,6 +409,14 @@ async def test_subscribe_delivers_a_turn_continuously(
             seen = [await asyncio.wait_for(first, 10)]
             seen += await next_until(stream, lambda s: agent_done(seen + s))
         assert stream.status == "closed"
+        assert statuses == ["open", "closed"]
+        # Every Mutation carries the frame's common fields, as the JS client's do.
+        for mutation in seen:
+            assert mutation.session_id == session.id, mutation
+            assert mutation.created_at, mutation
+            assert mutation.mutation_id, mutation
+        deltas = [m for m in seen if isinstance(m, DeltaMutation)]
+        assert {m.kind for m in deltas} == {"text"}
         text = ""
         for mutation in seen:
             if isinstance(mutation, PartMutation) and mutation.part["type"] == "text":

@@ -4,7 +4,7 @@ reconnects (`subscribe()`)."""
 import asyncio
 import json
 import random
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, cast
@@ -380,14 +380,21 @@ class Session:
         return answer
 
     def subscribe(
-        self, *, after: str | int | None = None, include_internal: bool = False
+        self,
+        *,
+        after: str | int | None = None,
+        include_internal: bool = False,
+        on_status: Callable[[SubscriptionStatus], None] | None = None,
     ) -> "Subscription":
         """The Mutation stream as an async iterator that reconnects by itself,
-        resuming with `Last-Event-ID`. `after="0"` starts with every message."""
+        resuming with `Last-Event-ID`. `after="0"` starts with every message.
+        `on_status` is called with each new `status` (`open`, `reconnecting`,
+        `closed`); a refusal is raised by the iteration."""
         return Subscription(
             self,
             after=None if after is None else str(after),
             include_internal=include_internal,
+            on_status=on_status,
         )
 
     def sync(self, *, limit: int = 50, include_internal: bool = False) -> "SyncStart":
@@ -439,14 +446,28 @@ class Subscription(Closing):
     service refuses the stream for good (401, 404, ...). Close it with `aclose()` or
     use it as an async context manager."""
 
-    def __init__(self, session: Session, *, after: str | None, include_internal: bool):
+    def __init__(
+        self,
+        session: Session,
+        *,
+        after: str | None,
+        include_internal: bool,
+        on_status: Callable[[SubscriptionStatus], None] | None = None,
+    ):
         self.session = session
         self.after = after
         self.include_internal = include_internal
+        self.on_status = on_status
         # The cursor of the last `message` Mutation: where a reconnect resumes.
         self.last_event_id: str | None = None
         self.status: SubscriptionStatus = "connecting"
         self._iterator = self._run()
+
+    def _set_status(self, status: SubscriptionStatus) -> None:
+        if status != self.status:
+            self.status = status
+            if self.on_status is not None:
+                self.on_status(status)
 
     def __aiter__(self) -> Self:
         return self
@@ -456,7 +477,7 @@ class Subscription(Closing):
 
     async def aclose(self) -> None:
         await self._iterator.aclose()
-        self.status = "closed"
+        self._set_status("closed")
 
     async def _run(self) -> AsyncGenerator[Mutation, None]:
         client = self.session.client
@@ -472,7 +493,7 @@ class Subscription(Closing):
                         include_internal=self.include_internal,
                     ) as stream:
                         failures = 0
-                        self.status = "open"
+                        self._set_status("open")
                         async for mutation in stream:
                             if (
                                 isinstance(mutation, MessageMutation)
@@ -488,7 +509,7 @@ class Subscription(Closing):
                     retry_after = error.retry_after
                 except httpx.TransportError:
                     failures += 1
-                self.status = "reconnecting"
+                self._set_status("reconnecting")
                 await asyncio.sleep(client.reconnect_delay(failures, hint, retry_after))
         finally:
-            self.status = "closed"
+            self._set_status("closed")

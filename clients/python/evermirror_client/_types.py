@@ -55,6 +55,11 @@ class MessageMutation:
     message: Message
     cursor: str | None = None
     type: Literal["message"] = field(default="message", init=False)
+    # What every Mutation carries beside its kind's fields (None where a frame
+    # left one out).
+    mutation_id: str | None = field(default=None, kw_only=True)
+    session_id: str | None = field(default=None, kw_only=True)
+    created_at: str | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,11 @@ class PartMutation:
     revision: int
     part: Part
     type: Literal["part"] = field(default="part", init=False)
+    # What every Mutation carries beside its kind's fields (None where a frame
+    # left one out).
+    mutation_id: str | None = field(default=None, kw_only=True)
+    session_id: str | None = field(default=None, kw_only=True)
+    created_at: str | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,13 @@ class DeltaMutation:
     offset: int
     text: str
     type: Literal["delta"] = field(default="delta", init=False)
+    # What the part's text is: `text`, `reasoning` or `tool_input`.
+    kind: str = field(default="text", kw_only=True)
+    # What every Mutation carries beside its kind's fields (None where a frame
+    # left one out).
+    mutation_id: str | None = field(default=None, kw_only=True)
+    session_id: str | None = field(default=None, kw_only=True)
+    created_at: str | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -89,6 +106,8 @@ class TurnMutation:
     status: str
     mutation_id: str
     type: Literal["turn"] = field(default="turn", init=False)
+    session_id: str | None = field(default=None, kw_only=True)
+    created_at: str | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -98,6 +117,8 @@ class SessionMutation:
     changes: dict[str, Any]
     mutation_id: str
     type: Literal["session"] = field(default="session", init=False)
+    session_id: str | None = field(default=None, kw_only=True)
+    created_at: str | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -121,6 +142,11 @@ class ResetMutation:
 
     reason: str
     type: Literal["reset"] = field(default="reset", init=False)
+    # What every Mutation carries beside its kind's fields (None where a frame
+    # left one out).
+    mutation_id: str | None = field(default=None, kw_only=True)
+    session_id: str | None = field(default=None, kw_only=True)
+    created_at: str | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -149,11 +175,23 @@ def mutation_of(event: str, data: Any, event_id: str) -> Mutation | None:
     """The Mutation of one SSE event (`event_id` is the stream's last event ID)."""
     if not isinstance(data, dict):
         return None
+    on = {"session_id": data.get("session_id"), "created_at": data.get("created_at")}
     try:
         if event == "message":
-            return MessageMutation(data["message"], event_id or None)
+            return MessageMutation(
+                data["message"],
+                event_id or None,
+                mutation_id=data.get("mutation_id"),
+                **on,
+            )
         if event == "part":
-            return PartMutation(data["message_id"], data["revision"], data["part"])
+            return PartMutation(
+                data["message_id"],
+                data["revision"],
+                data["part"],
+                mutation_id=data.get("mutation_id"),
+                **on,
+            )
         if event == "delta":
             return DeltaMutation(
                 data["message_id"],
@@ -161,14 +199,21 @@ def mutation_of(event: str, data: Any, event_id: str) -> Mutation | None:
                 data["part_id"],
                 data["offset"],
                 data["text"],
+                kind=data.get("kind") or "text",
+                mutation_id=data.get("mutation_id"),
+                **on,
             )
         if event == "turn":
-            return TurnMutation(data["turn_id"], data["status"], data["mutation_id"])
+            return TurnMutation(
+                data["turn_id"], data["status"], data["mutation_id"], **on
+            )
         if event == "session":
             changes = {k: v for k, v in data.items() if k not in COMMON_FIELDS}
-            return SessionMutation(changes, data["mutation_id"])
+            return SessionMutation(changes, data["mutation_id"], **on)
         if event == "reset":
-            return ResetMutation(str(data.get("reason", "")))
+            return ResetMutation(
+                str(data.get("reason", "")), mutation_id=data.get("mutation_id"), **on
+            )
     except KeyError:
         pass
     return OtherMutation(event, data)
