@@ -4,6 +4,7 @@ their baselines, then the rows that start processes of their own."""
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from bench.notify import row_notify
 from bench.rows import (
     DELTA_INTERVAL_MS,
     POSTGRES_ONLY,
@@ -96,6 +97,9 @@ async def run_rows(db: Database, selected: list[str]) -> list[Line]:
     if "turns" in selected:
         await guarded(db, "turns", lines, lambda: row_turns(db))
         await db.stop_all()
+
+    if "notify" in selected and db.is_postgres:
+        await guarded(db, "notify", lines, lambda: row_notify(db))
     for line in lines:
         line.check()
     order = {name: index for index, name in enumerate(ROWS)}

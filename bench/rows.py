@@ -54,8 +54,9 @@ ROWS = (
     "idle-rss",
     "workers",
     "turns",
+    "notify",
 )
-POSTGRES_ONLY = frozenset({"older", "workers"})
+POSTGRES_ONLY = frozenset({"older", "workers", "notify"})
 SSE_TYPES = "types=output.message.delta&types=turn.completed"
 DELTA_INTERVAL_MS = 20
 
@@ -556,10 +557,17 @@ async def wait_all_idle(api: Api, sessions: list[str], within: float) -> float:
     return time.monotonic() - started
 
 
-async def baseline_writes(db: Database) -> dict[str, float]:
+async def baseline_writes(
+    db: Database, connections: int = 8, notify: bool | None = None
+) -> dict[str, float]:
+    """Raw write transactions (bench.baselines.writes) where the service runs; on
+    PostgreSQL with `connections` writers, and with `notify` a NOTIFY in each
+    transaction (True) or the same round trip without it (False)."""
     profile = db.profile
     if db.pg_dsn is not None:
-        target = ["--dsn", db.pg_dsn, "--connections", "8"]
+        target = ["--dsn", db.pg_dsn, "--connections", str(connections)]
+        if notify is not None:
+            target += ["--notify", "yes" if notify else "no"]
     else:
         target = ["--sqlite", str(db.tmp / "writes-baseline.db")]
     proc = await spawn(

@@ -7,7 +7,12 @@ session has its own row lock.
     python -m bench.baselines.writes --dsn postgresql://... --connections 8 --duration 10
     python -m bench.baselines.writes --sqlite PATH --duration 10   (one writer: SQLite's)
 
-Prints one JSON object: transactions, seconds, tx_per_s.
+With `--notify yes`, each PostgreSQL transaction also sends a NOTIFY (a ~100-byte payload,
+as a checkpoint's wake-up), heard by one listening connection: NOTIFY takes a lock
+held from commit to commit across the whole database, so this measures what that lock
+costs writers; `--notify no` is its control, the same statement without the NOTIFY.
+
+Prints one JSON object: transactions, seconds, tx_per_s (and notifications_heard).
 """
 
 import argparse
@@ -30,9 +35,23 @@ SETUP = (
 )
 
 
+CHANNEL = "bench_notify"
+PAYLOAD = '{"s":"' + "0" * 32 + '","q":%d,"kind":"wakeup","origin":"bench"}'
+
+
+NOTIFY = "SELECT pg_notify($1, $2)"
+NO_NOTIFY = "SELECT $1::text, $2::text"
+
+
 async def postgres(
-    dsn: str, connections: int, duration: float, warmup: float
+    dsn: str,
+    connections: int,
+    duration: float,
+    warmup: float,
+    notify: bool | None = None,
 ) -> dict[str, float]:
+    """`notify`: None, the checkpoint's shape alone; True, a NOTIFY in each
+    transaction; False, the same statement without it (the control)."""
     admin = await asyncio.wait_for(asyncpg.connect(dsn), 15)
     try:
         for statement in SETUP:
@@ -47,6 +66,9 @@ async def postgres(
         await asyncio.wait_for(asyncpg.connect(dsn), 15) for _ in range(connections)
     ]
     counts = [0] * connections
+    heard = [0]
+    listener = await asyncio.wait_for(asyncpg.connect(dsn), 15)
+    await listener.add_listener(CHANNEL, lambda *_: heard.__setitem__(0, heard[0] + 1))
     start = time.monotonic() + warmup
     stop = start + duration
 
@@ -66,6 +88,11 @@ async def postgres(
                     n,
                     BODY,
                 )
+                if notify is not None:
+                    # The same round trip either way: only the NOTIFY differs.
+                    await conn.execute(
+                        NOTIFY if notify else NO_NOTIFY, CHANNEL, PAYLOAD % n
+                    )
             if now >= start:
                 counts[index] += 1
 
@@ -77,8 +104,14 @@ async def postgres(
     finally:
         for conn in conns:
             await conn.close()
+        await listener.close()
     total = sum(counts)
-    return {"transactions": total, "seconds": duration, "tx_per_s": total / duration}
+    return {
+        "transactions": total,
+        "seconds": duration,
+        "tx_per_s": total / duration,
+        "notifications_heard": heard[0],
+    }
 
 
 def sqlite(path: Path, duration: float, warmup: float) -> dict[str, float]:
@@ -128,10 +161,21 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=0.5)
+    parser.add_argument(
+        "--notify",
+        choices=["yes", "no"],
+        help="a NOTIFY in each transaction (yes), or the same round trip without (no)",
+    )
     args = parser.parse_args()
     if args.dsn:
         result = asyncio.run(
-            postgres(args.dsn, args.connections, args.duration, args.warmup)
+            postgres(
+                args.dsn,
+                args.connections,
+                args.duration,
+                args.warmup,
+                None if args.notify is None else args.notify == "yes",
+            )
         )
     else:
         result = sqlite(args.sqlite, args.duration, args.warmup)
