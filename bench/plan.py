@@ -4,6 +4,7 @@ their baselines, then the rows that start processes of their own."""
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from bench.bus import row_bus
 from bench.notify import row_notify
 from bench.rows import (
     DELTA_INTERVAL_MS,
@@ -100,6 +101,10 @@ async def run_rows(db: Database, selected: list[str]) -> list[Line]:
 
     if "notify" in selected and db.is_postgres:
         await guarded(db, "notify", lines, lambda: row_notify(db))
+
+    if "bus" in selected and db.is_postgres:
+        await guarded(db, "bus", lines, lambda: row_bus(db))
+        await db.stop_all()
     for line in lines:
         line.check()
     order = {name: index for index, name in enumerate(ROWS)}

@@ -55,8 +55,9 @@ ROWS = (
     "workers",
     "turns",
     "notify",
+    "bus",
 )
-POSTGRES_ONLY = frozenset({"older", "workers", "notify"})
+POSTGRES_ONLY = frozenset({"older", "workers", "notify", "bus"})
 SSE_TYPES = "types=output.message.delta&types=turn.completed"
 DELTA_INTERVAL_MS = 20
 

@@ -83,16 +83,23 @@ class Target:
     stream: Callable[[str], str]
     messages: Callable[[str], str]
     sessions: Callable[[int], Awaitable[list[str]]]
+    # The node the streams are opened on, when it is not `proc` (which runs the
+    # turns): every token then reaches its watchers through the bus.
+    watch: Proc | None = None
+    # Every process whose CPU time the row counts (default: `proc`, and `watch`).
+    nodes: list[Proc] | None = None
 
 
 async def conversations(db: Database, target: Target, n: int) -> TurnsResult:
     """N conversations of TURNS turns each, every session watched by one stream."""
     proc = target.proc
+    watch = target.watch or proc
+    nodes = target.nodes or ([proc] if watch is proc else [proc, watch])
     sessions = await target.sessions(n)
     expected = TURNS * CHUNKS
     turn_seconds = CHUNKS * INTERVAL_MS / 1000
     subs = await Subscribers.start(
-        url=proc.url,
+        url=watch.url,
         paths=[target.stream(s) for s in sessions],
         headers=db.auth,
         expected=expected,
@@ -139,12 +146,12 @@ async def conversations(db: Database, target: Target, n: int) -> TurnsResult:
                     ):
                         failed += 1
 
-            cpu_before = cpu_seconds(proc.pid)
+            cpu_before = sum(cpu_seconds(node.pid) for node in nodes)
             started = time.monotonic()
             await asyncio.gather(*(converse(s) for s in sessions))
             wall = time.monotonic() - started
         await subs.wait("complete", db.profile.grace)
-        cpu = cpu_seconds(proc.pid) - cpu_before
+        cpu = sum(cpu_seconds(node.pid) for node in nodes) - cpu_before
         merged = await subs.finish()
     finally:
         await subs.close()
@@ -168,7 +175,12 @@ def measure(
     return lambda: conversations(db, target, n)
 
 
-def service_target(db: Database, proc: Proc) -> Target:
+def service_target(
+    db: Database,
+    proc: Proc,
+    watch: Proc | None = None,
+    nodes: list[Proc] | None = None,
+) -> Target:
     async def sessions(n: int) -> list[str]:
         api = db.api(proc)
         try:
@@ -181,6 +193,8 @@ def service_target(db: Database, proc: Proc) -> Target:
         stream=lambda s: f"/v1/sessions/{s}/messages/stream",
         messages=lambda s: f"/v1/sessions/{s}/messages",
         sessions=sessions,
+        watch=watch,
+        nodes=nodes,
     )
 
 

@@ -1,0 +1,126 @@
+"""The `bus` row (PostgreSQL): live tokens between processes, through the bus.
+
+Two service processes on one database, both reading a model provider
+(`bench.baselines.provider`, as in the `turns` row). N sessions run their turns on
+node A, and each is watched by a Mutation stream on node B, so every token reaches its
+watcher through the PostgreSQL bus (NOTIFY, batched per session every few
+milliseconds). The same conversations with the streams on node A itself are the
+baseline, measured side by side: the difference is what crossing processes costs.
+
+Per N (1, 16, 64 concurrently streaming sessions, each at 25 tokens/s): p50 and p99
+token latency, tokens delivered per second, lost tokens, and the CPU both nodes spend
+per token.
+"""
+
+import math
+
+from bench.rows import Database, Line, median, ratio, side_by_side
+from bench.servers import start_baseline
+from bench.turns import (
+    CHUNKS,
+    INTERVAL_MS,
+    TurnsResult,
+    conversations,
+    service_target,
+)
+
+SESSIONS = (1, 16, 64)
+SMOKE_SESSIONS = (2,)
+
+
+def _delivered(result: TurnsResult) -> float:
+    """Tokens that reached their watchers, per second of the conversations."""
+    received = result.tokens - result.lost
+    return received / result.wall_seconds if result.wall_seconds else math.nan
+
+
+def lines_for(n: int, results: dict[str, list[TurnsResult]]) -> list[Line]:
+    def med(name: str, attr: str) -> float:
+        return median([getattr(r, attr) for r in results[name]])
+
+    split_p99, same_p99 = med("split", "p99_ms"), med("same", "p99_ms")
+    split_rate = median([_delivered(r) for r in results["split"]])
+    same_rate = median([_delivered(r) for r in results["same"]])
+    lost = max(r.lost + r.failed_turns for r in results["split"])
+    return [
+        Line(
+            "bus",
+            f"N={n}: p99 token latency, watchers on another node vs the same",
+            split_p99,
+            same_p99,
+            ratio(split_p99, same_p99),
+            unit="ms",
+        ),
+        Line(
+            "bus",
+            f"N={n}: p50 token latency, another node vs the same",
+            med("split", "p50_ms"),
+            med("same", "p50_ms"),
+            ratio(med("split", "p50_ms"), med("same", "p50_ms")),
+            unit="ms",
+        ),
+        Line(
+            "bus",
+            f"N={n}: tokens delivered per second, another node vs the same",
+            split_rate,
+            same_rate,
+            ratio(split_rate, same_rate),
+            unit="/s",
+        ),
+        Line(
+            "bus",
+            f"N={n}: CPU per token of both nodes, another node vs the same",
+            med("split", "cpu_per_token_us"),
+            med("same", "cpu_per_token_us"),
+            ratio(med("split", "cpu_per_token_us"), med("same", "cpu_per_token_us")),
+            unit="µs",
+        ),
+        Line(
+            "bus",
+            f"N={n}: lost tokens and failed turns across nodes (worst run)",
+            float(lost),
+            float(max(r.lost + r.failed_turns for r in results["same"])),
+            None,
+            "0",
+            lost == 0,
+        ),
+    ]
+
+
+async def row_bus(db: Database) -> list[Line]:
+    logs = db.tmp / "logs"
+    chunks = ["--chunks", str(CHUNKS), "--interval-ms", str(INTERVAL_MS)]
+    provider = await start_baseline(
+        "provider", "bench.baselines.provider", chunks, db.pinning.load, logs
+    )
+    db.procs.append(provider)
+    model = {
+        "MODEL_DRIVER": "openai",
+        "OPENAI_BASE_URL": f"{provider.url}/v1",
+        "OPENAI_MODEL": "bench",
+        "MAX_RUNNING_TURNS_PER_ORG": "100000",
+        "MAX_RUNNING_TURNS_PER_PROCESS": "100000",
+    }
+    runner = await db.service("service-bus-a", db.pinning.server, **model)
+    watcher = await db.service("service-bus-b", db.pinning.server, **model)
+    both = [runner, watcher]
+    lines: list[Line] = []
+    details: dict[str, object] = {}
+    for n in SMOKE_SESSIONS if db.profile.smoke else SESSIONS:
+        targets = {
+            "same": service_target(db, runner, nodes=both),
+            "split": service_target(db, runner, watch=watcher, nodes=both),
+        }
+        results = await side_by_side(
+            {
+                name: (lambda t=target, k=n: conversations(db, t, k))
+                for name, target in targets.items()
+            },
+            db.profile.runs,
+        )
+        details[str(n)] = {
+            name: [r.as_dict() for r in runs] for name, runs in results.items()
+        }
+        lines += lines_for(n, results)
+    db.details["bus"] = details
+    return lines
