@@ -109,6 +109,9 @@ def serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if (refusal := _bus_refusal(settings)) is not None:
+        print(refusal, file=sys.stderr)
+        return 2
     if settings.should_auto_migrate:
         upgrade(settings.database_url)
         settings = settings.model_copy(update={"auto_migrate": False})
@@ -309,6 +312,27 @@ def openapi(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(document)
     return 0
+
+
+def _bus_refusal(settings: Settings) -> str | None:
+    """Why the configured NATS bus cannot be used (one line), or None: checked before
+    serving, so that a wrong BUS_URL is a refusal, not a worker's traceback."""
+    if not settings.bus_url or not settings.backend.shared:
+        return None
+    from app.live.nats_bus import BusUnavailable, NatsBus
+
+    async def probe() -> None:
+        bus = NatsBus(settings.bus_url or "")
+        try:
+            await bus.start()
+        finally:
+            await bus.stop()
+
+    try:
+        asyncio.run(probe())
+    except BusUnavailable as exc:
+        return f"refusing to serve: {exc}"
+    return None
 
 
 def _log_urls(settings: Settings) -> None:

@@ -260,7 +260,7 @@ async def start_state(parts: Parts) -> tuple[AppState, Dispatcher]:
     reads = create_reads(settings)
     await reads.start()
     cache = PageCache(settings.page_cache_bytes)
-    bus = create_bus(settings.backend, settings.database_url)
+    bus = create_bus(settings.backend, settings.database_url, settings.bus_url)
     fanout = Fanout(
         reads,
         settings.sse_queue_size,

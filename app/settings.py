@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_file=".env", extra="ignore")
 
     database_url: str = DEFAULT_DATABASE_URL
+    # Processes on one PostgreSQL carry their live traffic over NATS instead of
+    # LISTEN/NOTIFY (app/live/nats_bus.py): nats://host:4222 (or tls://).
+    bus_url: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
     # None: migrate at start-up for SQLite (embedded), not for PostgreSQL (a deploy step).
@@ -204,6 +207,22 @@ class Settings(BaseSettings):
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
         return value or None
+
+    @field_validator("bus_url")
+    @classmethod
+    def _check_bus_url(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("nats://", "tls://")):
+            raise ValueError("must be a nats:// or tls:// URL")
+        return value or None
+
+    @model_validator(mode="after")
+    def _check_bus(self) -> "Settings":
+        if self.bus_url and not self.backend.shared:
+            raise ValueError(
+                "BUS_URL needs DATABASE_URL on PostgreSQL: one process on SQLite has no"
+                " other process to reach"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_driver(self) -> "Settings":

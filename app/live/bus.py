@@ -510,8 +510,13 @@ def packed(items: list[BusItem], origin: str) -> list[str]:
     return payloads
 
 
-def create_bus(backend: Backend, database_url: str) -> Bus:
-    """Across processes on a shared database (LISTEN/NOTIFY), in memory otherwise."""
+def create_bus(backend: Backend, database_url: str, bus_url: str | None = None) -> Bus:
+    """Across processes on a shared database: over NATS when `bus_url` names a server,
+    else LISTEN/NOTIFY; in memory for one process."""
+    if backend.shared and bus_url:
+        from app.live.nats_bus import NatsBus  # imported only where it is configured
+
+        return NatsBus(bus_url)
     if backend.shared:
         return PgBus(database_url)
     return MemoryBus()

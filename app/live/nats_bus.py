@@ -1,0 +1,220 @@
+"""The NATS bus (`BUS_URL=nats://host:4222`): for processes on one PostgreSQL that
+should not carry their live traffic through it.
+
+PostgreSQL stays the store and the only source of replay (a stream resumes from its
+cursor in the database, as with the PostgreSQL bus). What crosses processes goes over
+NATS instead of NOTIFY: live items (deltas, parts, ends of steps, runner controls) and,
+once their transaction has committed, wake-ups, deletions and key changes. No write
+transaction issues NOTIFY, so writers do not queue on the lock NOTIFY takes at commit
+(the `notify` row of the benchmark measures it).
+
+Each session's items go on a subject of its own, `evermirror.s.<session>`, in the order
+this process publishes them (a step's deltas before its checkpoint's wake-up); items of
+no session on `evermirror.all`. Every process subscribes to `evermirror.>` and fans out
+in memory, as with the PostgreSQL bus; NATS does not echo a process's own messages back
+to it (`no_echo`), which it has delivered in memory already.
+
+Wake-ups leave after COMMIT, not with it: a process that dies between the two never
+sends them, and a process cut off from NATS misses what was sent meanwhile. Both end
+the same way as a lost LISTEN connection: when the connection comes back every local
+subscriber re-reads from its cursor (`Resync`), and a COMMIT whose outcome is unknown
+makes every process re-read. A stream that stays open on another process without a
+later checkpoint of its session waits for its next one or its cycle
+(`SSE_CYCLE_SECONDS`).
+"""
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from typing import Any
+
+import nats
+import orjson
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+
+from app.db.outbox import Outbox
+from app.live.bus import (
+    MAX_PENDING,
+    Bus,
+    committed_items,
+    decode,
+    joined_delta,
+    packed,
+)
+from app.live.items import BusItem, Resync, TextDelta
+
+log = logging.getLogger("app.live.bus")
+
+PREFIX = "evermirror"
+# How long start-up tries to reach NATS before it refuses to serve.
+CONNECT_SECONDS = 5.0
+
+
+class BusUnavailable(RuntimeError):
+    """NATS could not be reached at start-up."""
+
+
+def subject(session_id: uuid.UUID | None) -> str:
+    if session_id is None:
+        return f"{PREFIX}.all"
+    return f"{PREFIX}.s.{session_id.hex}"
+
+
+class NatsBus(Bus):
+    """Live items and committed wake-ups over NATS. `publish` and `after_commit`
+    deliver here at once and queue the item; a sender task publishes what queued,
+    joining each run of a part's deltas, several items to a message per session."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self._url = url
+        self._nc: NatsClient | None = None
+        self._pending: list[BusItem] = []
+        self._queued = asyncio.Event()
+        self._sending: asyncio.Task[None] | None = None
+        self._last_error: BaseException | None = None
+        # Until the first connection: failures are said once, in the refusal.
+        self._connected_once = False
+
+    @property
+    def where(self) -> str:
+        """The server, without credentials, for log lines."""
+        return self._url.rsplit("@", 1)[-1]
+
+    async def start(self) -> None:
+        try:
+            self._nc = await asyncio.wait_for(
+                nats.connect(
+                    servers=[self._url],
+                    name="evermirror",
+                    no_echo=True,
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    connect_timeout=2,
+                    error_cb=self._error,
+                    disconnected_cb=self._disconnected,
+                    reconnected_cb=self._reconnected,
+                ),
+                CONNECT_SECONDS,
+            )
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            reason = self._last_error or exc
+            raise BusUnavailable(
+                f"BUS_URL: cannot reach NATS at {self.where} within "
+                f"{CONNECT_SECONDS:.0f} s ({reason or type(reason).__name__})"
+            ) from exc
+        self._connected_once = True
+        await self._nc.subscribe(f"{PREFIX}.>", cb=self._on_message)
+        await self._nc.flush()
+        self.on_listening(True)
+        self._sending = asyncio.create_task(self._send_loop(), name="nats-bus-sender")
+        log.info("bus: NATS at %s", self.where)
+
+    async def stop(self) -> None:
+        if self._sending is not None:
+            self._sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sending
+        if self._nc is not None and not self._nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+
+    # ---- the connection's life ----------------------------------------------------
+
+    async def _error(self, exc: Exception) -> None:
+        # Reconnects are the client's: one line per failure, not a traceback.
+        self._last_error = exc
+        if self._connected_once:
+            log.warning("NATS bus: %s", exc or type(exc).__name__)
+
+    async def _disconnected(self) -> None:
+        # Items other processes send from now until the connection is back never
+        # reach this one.
+        self.on_listening(False)
+
+    async def _reconnected(self) -> None:
+        log.info("NATS bus reconnected to %s", self.where)
+        self.on_listening(True)
+        # What was sent meanwhile is in the database: every local subscriber re-reads
+        # from its own cursor.
+        self.sink(Resync())
+
+    # ---- sending ------------------------------------------------------------------
+
+    def after_commit(self, outbox: Outbox) -> None:
+        super().after_commit(outbox)
+        for item in committed_items(outbox):
+            self._queue(item)
+
+    def commit_unknown(self) -> None:
+        # If it did commit, nobody heard of it: every process re-reads.
+        self.sink(Resync())
+        self._queue(Resync())
+
+    def publish(self, item: BusItem) -> None:
+        self.sink(item)
+        self._queue(item)
+
+    def _queue(self, item: BusItem) -> None:
+        pending = self._pending
+        if len(pending) >= MAX_PENDING:
+            # The sender is far behind: live items are ephemeral, and the other
+            # processes converge on the next committed snapshot.
+            return
+        if pending and isinstance(item, TextDelta):
+            joined = joined_delta(pending[-1], item)
+            if joined is not None:
+                pending[-1] = joined
+                return
+        pending.append(item)
+        self._queued.set()
+
+    async def _send_loop(self) -> None:
+        while True:
+            await self._queued.wait()
+            self._queued.clear()
+            batch, self._pending = self._pending, []
+            try:
+                await self._send(batch)
+            except Exception as exc:
+                # Dropped: live items are ephemeral, and a process that missed a
+                # wake-up re-reads when its connection comes back.
+                log.warning(
+                    "NATS bus publish failed, %d items dropped: %s", len(batch), exc
+                )
+
+    async def _send(self, batch: list[BusItem]) -> None:
+        nc = self._nc
+        assert nc is not None
+        by_session: dict[uuid.UUID | None, list[BusItem]] = {}
+        for item in batch:
+            by_session.setdefault(getattr(item, "session_id", None), []).append(item)
+        for session_id, items in by_session.items():
+            for payload in packed(items, '{"from":"nats",'):
+                await nc.publish(subject(session_id), payload.encode())
+
+    # ---- receiving ----------------------------------------------------------------
+
+    async def _on_message(self, msg: Msg) -> None:
+        try:
+            data: dict[str, Any] = orjson.loads(msg.data)
+            batch = data.get("items")
+            items = [decode(data)] if batch is None else [decode(i) for i in batch]
+        except (
+            orjson.JSONDecodeError,
+            AttributeError,
+            KeyError,
+            TypeError,
+            ValueError,
+        ):
+            log.warning("dropping malformed bus message on %s", msg.subject)
+            return
+        for item in items:
+            self.sink(item)
+
+    @property
+    def healthy(self) -> bool:
+        return self._nc is not None and self._nc.is_connected

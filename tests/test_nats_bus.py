@@ -1,0 +1,221 @@
+"""The NATS bus (BUS_URL=nats://...): two server processes on one PostgreSQL database
+carry their live traffic over a nats-server of the test's own (Debian's `nats-server`;
+CI installs it and sets REQUIRE_NATS). A turn run by A streams to a client of B
+without a NOTIFY in the database; NATS lost mid-turn loses nothing committed, and the
+processes reconnect by themselves; an unreachable BUS_URL is a one-line refusal."""
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+from pydantic import ValidationError
+from sqlalchemy.engine import make_url
+
+from app.settings import Settings
+from tests.support.api import create_session, list_events, post_message, text_of
+from tests.support.servers import free_port, server_process
+from tests.support.sse import Frame, SSEReader
+
+pytestmark = pytest.mark.postgres_only
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Nats:
+    """A nats-server on a port of its own, which the test can stop and start again."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        binary = shutil.which("nats-server")
+        if binary is None:
+            if os.environ.get("REQUIRE_NATS"):
+                pytest.fail("REQUIRE_NATS is set, but nats-server is not installed")
+            pytest.skip(
+                "nats-server is not installed (Debian: apt-get install nats-server)"
+            )
+        self.binary = binary
+        self.port = free_port()
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self.log = tmp_path / f"nats-{self.port}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as sink:
+            self.process = subprocess.Popen(
+                [self.binary, "-a", "127.0.0.1", "-p", str(self.port)],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"nats-server did not listen: {self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[Nats]:
+    server = Nats(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@contextlib.asynccontextmanager
+async def notifications(database_url: str) -> AsyncIterator[list[str]]:
+    """Every NOTIFY on the PostgreSQL bus's channel while the block runs."""
+    dsn = make_url(database_url).set(drivername="postgresql").render_as_string(False)
+    heard: list[str] = []
+    conn = await asyncpg.connect(dsn)
+    await conn.add_listener("evermirror", lambda *args: heard.append(args[-1]))
+    try:
+        yield heard
+    finally:
+        await conn.close()
+
+
+def agent_done(frames: list[Frame]) -> bool:
+    return any(
+        f.event == "message"
+        and f.json()["message"]["role"] == "agent"
+        and f.json()["message"]["state"] == "done"
+        for f in frames
+    )
+
+
+def live_text(frames: list[Frame]) -> str:
+    """The agent's text as the Mutation stream's part and deltas built it, checking
+    that each delta continues where the text so far ends."""
+    (part,) = [f.json()["part"] for f in frames if f.event == "part"]
+    text = part["text"]
+    for delta in (f.json() for f in frames if f.event == "delta"):
+        assert delta["offset"] == len(text), "a gap or overlap in the deltas"
+        text += delta["text"]
+    return text
+
+
+async def test_a_turn_run_by_a_streams_to_b_over_nats_without_notify(
+    settings: Settings, tmp_path: Path, nats_server: Nats
+) -> None:
+    async with (
+        asyncio.timeout(90),
+        notifications(settings.database_url) as heard,
+        server_process(
+            settings.database_url,
+            tmp_path,
+            BUS_URL=nats_server.url,
+            SCRIPTED_DELAY_MS="10",
+        ) as a,
+        server_process(
+            settings.database_url,
+            tmp_path,
+            BUS_URL=nats_server.url,
+            SCRIPTED_DELAY_MS="10",
+        ) as b,
+        httpx.AsyncClient(base_url=a.url, timeout=10) as client_a,
+        httpx.AsyncClient(base_url=b.url, timeout=10) as client_b,
+    ):
+        sid = await create_session(client_a, "nats")
+        stream = await SSEReader(
+            client_b, f"/v1/sessions/{sid}/messages/stream?after=0"
+        ).start()
+        try:
+            await post_message(client_a, sid, "/scenario long 40", role="user")
+            await stream.wait_for(agent_done, "the closed agent message on B")
+        finally:
+            await stream.close()
+        frames = stream.frames
+        assert "reset" not in [f.event for f in frames]
+        assert any(f.event == "delta" for f in frames), "no live delta reached B"
+        final = [f.json()["message"] for f in frames if f.event == "message"][-1]
+        assert live_text(frames) == text_of(final)
+        assert text_of(final) == "".join(f"chunk{i} " for i in range(40))
+        assert await list_events(client_b, sid) == await list_events(client_a, sid)
+    # Nothing of it went through PostgreSQL's NOTIFY.
+    assert heard == []
+
+
+async def test_nats_lost_mid_turn_loses_nothing_committed(
+    settings: Settings, tmp_path: Path, nats_server: Nats
+) -> None:
+    env = {"BUS_URL": nats_server.url, "SCRIPTED_DELAY_MS": "20"}
+    async with (
+        asyncio.timeout(120),
+        server_process(settings.database_url, tmp_path, **env) as a,
+        server_process(settings.database_url, tmp_path, **env) as b,
+        httpx.AsyncClient(base_url=a.url, timeout=10) as client_a,
+        httpx.AsyncClient(base_url=b.url, timeout=10) as client_b,
+    ):
+        sid = await create_session(client_a, "nats lost")
+        stream = await SSEReader(
+            client_b, f"/v1/sessions/{sid}/messages/stream?after=0"
+        ).start()
+        try:
+            await post_message(client_a, sid, "/scenario long 150", role="user")
+            await stream.wait_for(
+                lambda frames: any(f.event == "delta" for f in frames), "a first delta"
+            )
+            nats_server.stop()
+            await asyncio.sleep(1.0)
+            nats_server.start()
+            # The turn goes on on A; B hears its end once both are back on NATS.
+            await stream.wait_for(agent_done, "the closed agent message on B")
+            healthy = await client_b.get("/health")
+            assert healthy.status_code == 200, healthy.text
+        finally:
+            await stream.close()
+        final = [f.json()["message"] for f in stream.frames if f.event == "message"][-1]
+        assert text_of(final) == "".join(f"chunk{i} " for i in range(150))
+        events = await list_events(client_b, sid)
+        assert events == await list_events(client_a, sid)
+        assert events[-1]["type"] == "session.idled"
+        assert [e["sequence"] for e in events] == list(range(1, len(events) + 1))
+
+
+def test_an_unreachable_bus_is_a_one_line_refusal(settings: Settings) -> None:
+    closed = free_port()
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "serve", "--port", str(free_port())],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "DATABASE_URL": settings.database_url,
+            "BUS_URL": f"nats://127.0.0.1:{closed}",
+            "LOG_LEVEL": "warning",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [
+        f"refusing to serve: BUS_URL: cannot reach NATS at nats://127.0.0.1:{closed}"
+        f" within 5 s ([Errno 111] Connect call failed ('127.0.0.1', {closed}))"
+    ], result.stderr
+
+
+def test_a_bus_url_is_refused_where_it_cannot_apply() -> None:
+    with pytest.raises(ValidationError, match="BUS_URL needs DATABASE_URL on Postgre"):
+        Settings(database_url="sqlite+aiosqlite:///one.db", bus_url="nats://x:4222")
+    with pytest.raises(ValidationError, match="must be a nats:// or tls:// URL"):
+        Settings(
+            database_url="postgresql+asyncpg://h/db", bus_url="redis://127.0.0.1:6379"
+        )
