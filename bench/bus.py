@@ -9,13 +9,17 @@ baseline, measured side by side: the difference is what crossing processes costs
 
 Per N (1, 16, 64 concurrently streaming sessions, each at 25 tokens/s): p50 and p99
 token latency, tokens delivered per second, lost tokens, and the CPU both nodes spend
-per token.
+per token. Where `nats-server` is installed, two more nodes with `BUS_URL` at a NATS
+server of the bench's own run the same conversations across processes over NATS
+(`nats`), beside the PostgreSQL bus (`split`).
 """
 
+import asyncio
 import math
+import shutil
 
 from bench.rows import Database, Line, median, ratio, side_by_side
-from bench.servers import start_baseline
+from bench.servers import BENCH_ROOT, Proc, free_port, python_env, spawn, start_baseline
 from bench.turns import (
     CHUNKS,
     INTERVAL_MS,
@@ -38,11 +42,13 @@ def lines_for(n: int, results: dict[str, list[TurnsResult]]) -> list[Line]:
     def med(name: str, attr: str) -> float:
         return median([getattr(r, attr) for r in results[name]])
 
+    lines = _nats_lines(n, results) if "nats" in results else []
     split_p99, same_p99 = med("split", "p99_ms"), med("same", "p99_ms")
     split_rate = median([_delivered(r) for r in results["split"]])
     same_rate = median([_delivered(r) for r in results["same"]])
     lost = max(r.lost + r.failed_turns for r in results["split"])
     return [
+        *lines,
         Line(
             "bus",
             f"N={n}: p99 token latency, watchers on another node vs the same",
@@ -87,6 +93,76 @@ def lines_for(n: int, results: dict[str, list[TurnsResult]]) -> list[Line]:
     ]
 
 
+def _nats_lines(n: int, results: dict[str, list[TurnsResult]]) -> list[Line]:
+    def med(name: str, attr: str) -> float:
+        return median([getattr(r, attr) for r in results[name]])
+
+    lost = max(r.lost + r.failed_turns for r in results["nats"])
+    return [
+        Line(
+            "bus",
+            f"N={n}: p99 token latency across nodes, NATS bus vs PostgreSQL bus",
+            med("nats", "p99_ms"),
+            med("split", "p99_ms"),
+            ratio(med("nats", "p99_ms"), med("split", "p99_ms")),
+            unit="ms",
+        ),
+        Line(
+            "bus",
+            f"N={n}: p50 token latency across nodes, NATS bus vs PostgreSQL bus",
+            med("nats", "p50_ms"),
+            med("split", "p50_ms"),
+            ratio(med("nats", "p50_ms"), med("split", "p50_ms")),
+            unit="ms",
+        ),
+        Line(
+            "bus",
+            f"N={n}: CPU per token of both nodes, NATS bus vs PostgreSQL bus",
+            med("nats", "cpu_per_token_us"),
+            med("split", "cpu_per_token_us"),
+            ratio(med("nats", "cpu_per_token_us"), med("split", "cpu_per_token_us")),
+            unit="µs",
+        ),
+        Line(
+            "bus",
+            f"N={n}: lost tokens and failed turns over NATS (worst run)",
+            float(lost),
+            goal="0",
+            met=lost == 0,
+            compared=False,
+        ),
+    ]
+
+
+async def start_nats(db: Database) -> Proc | None:
+    """A nats-server of the bench's own on a free port, or None where none is installed."""
+    binary = shutil.which("nats-server")
+    if binary is None:
+        db.notes.append(
+            "bus: nats-server is not installed; the NATS bus was not measured"
+        )
+        return None
+    port = free_port()
+    proc = await spawn(
+        "nats",
+        [*db.pinning.load, binary, "-a", "127.0.0.1", "-p", str(port)],
+        cwd=BENCH_ROOT,
+        env=python_env(BENCH_ROOT),
+        log=db.tmp / "logs" / f"nats-{port}.log",
+    )
+    db.procs.append(proc)
+    proc.url = f"nats://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        return proc
+    return None
+
+
 async def row_bus(db: Database) -> list[Line]:
     logs = db.tmp / "logs"
     chunks = ["--chunks", str(CHUNKS), "--interval-ms", str(INTERVAL_MS)]
@@ -104,6 +180,12 @@ async def row_bus(db: Database) -> list[Line]:
     runner = await db.service("service-bus-a", db.pinning.server, **model)
     watcher = await db.service("service-bus-b", db.pinning.server, **model)
     both = [runner, watcher]
+    nats_nodes: list[Proc] = []
+    nats = await start_nats(db)
+    if nats is not None:
+        for name in ("service-nats-a", "service-nats-b"):
+            node = await db.service(name, db.pinning.server, BUS_URL=nats.url, **model)
+            nats_nodes.append(node)
     lines: list[Line] = []
     details: dict[str, object] = {}
     for n in SMOKE_SESSIONS if db.profile.smoke else SESSIONS:
@@ -111,6 +193,10 @@ async def row_bus(db: Database) -> list[Line]:
             "same": service_target(db, runner, nodes=both),
             "split": service_target(db, runner, watch=watcher, nodes=both),
         }
+        if nats_nodes:
+            targets["nats"] = service_target(
+                db, nats_nodes[0], watch=nats_nodes[1], nodes=nats_nodes
+            )
         results = await side_by_side(
             {
                 name: (lambda t=target, k=n: conversations(db, t, k))
