@@ -103,6 +103,11 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated N of concurrent conversations for turns (50,100,200)",
     )
     parser.add_argument(
+        "--bus-url",
+        help="PostgreSQL lane: the services carry their live traffic over this NATS"
+        " server (BUS_URL) instead of LISTEN/NOTIFY",
+    )
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="tiny sizes, one run: a few seconds per database",
@@ -145,6 +150,8 @@ async def run_database(
                 scratch = ScratchPostgres(args.pg_url)
                 url = await scratch.create()
             config = ServiceConfig(args.app_root, url, tmp / "logs")
+            if args.bus_url and name != "sqlite":
+                config.env["BUS_URL"] = args.bus_url
             key = await create_api_key(config)
         except Exception as exc:
             return [failed(row, BenchError(f"set-up: {exc}")) for row in rows], {}, []
@@ -158,6 +165,10 @@ async def run_database(
             pg_dsn=None if scratch is None else url,
             sqlite_path=sqlite_path,
         )
+        if "BUS_URL" in config.env:
+            db.notes.append(
+                f"every service of this lane: BUS_URL={config.env['BUS_URL']}"
+            )
         lines = await run_rows(db, rows)
         if args.keep_logs:
             db.notes.append(f"logs kept in {tmp / 'logs'}")
