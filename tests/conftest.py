@@ -29,6 +29,7 @@ from tests.support.lanes import (
     make_settings,
     truncate,
 )
+from tests.support.nats import Nats
 from tests.support.servers import Server, start_server
 
 
@@ -122,3 +123,12 @@ async def sdk(server: Server) -> AsyncIterator[Everruns]:
         warnings.simplefilter("ignore", DeprecationWarning)
         yield client
     await client.close()
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[Nats]:
+    """A nats-server of the test's own (tests/support/nats.py)."""
+    server = Nats(tmp_path)
+    server.start()
+    yield server
+    server.stop()

@@ -7,12 +7,9 @@ processes reconnect by themselves; an unreachable BUS_URL is a one-line refusal.
 import asyncio
 import contextlib
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -23,58 +20,13 @@ from sqlalchemy.engine import make_url
 
 from app.settings import Settings
 from tests.support.api import create_session, list_events, post_message, text_of
+from tests.support.nats import Nats
 from tests.support.servers import free_port, server_process
 from tests.support.sse import Frame, SSEReader
 
 pytestmark = pytest.mark.postgres_only
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class Nats:
-    """A nats-server on a port of its own, which the test can stop and start again."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        binary = shutil.which("nats-server")
-        if binary is None:
-            if os.environ.get("REQUIRE_NATS"):
-                pytest.fail("REQUIRE_NATS is set, but nats-server is not installed")
-            pytest.skip(
-                "nats-server is not installed (Debian: apt-get install nats-server)"
-            )
-        self.binary = binary
-        self.port = free_port()
-        self.url = f"nats://127.0.0.1:{self.port}"
-        self.log = tmp_path / f"nats-{self.port}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as sink:
-            self.process = subprocess.Popen(
-                [self.binary, "-a", "127.0.0.1", "-p", str(self.port)],
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"nats-server did not listen: {self.log.read_text()}")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-
-
-@pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[Nats]:
-    server = Nats(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 @contextlib.asynccontextmanager

@@ -375,6 +375,8 @@ class SSEReader:
     url: str
     frames: list[Frame] = field(default_factory=list)
     status: int | None = None
+    # The response's headers, once it began.
+    headers: httpx.Headers | None = None
     error: BaseException | None = None
     ended: bool = False
     _task: asyncio.Task[None] | None = None
@@ -394,6 +396,7 @@ class SSEReader:
                 "GET", self.url, timeout=httpx.Timeout(10.0, read=30.0)
             ) as response:
                 self.status = response.status_code
+                self.headers = response.headers
                 if self.status != 200:
                     self._opened.set()
                 async for chunk in response.aiter_text():
