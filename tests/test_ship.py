@@ -43,6 +43,8 @@ from tests.support.waits import wait_idle
 
 DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
+SCALE_COMPOSE = ROOT / "docker-compose.scale.yml"
+HAPROXY_CONFIG = ROOT / "deploy" / "haproxy.cfg"
 KEY = re.compile(r"evm_[0-9a-f]{64}")
 
 
@@ -247,6 +249,41 @@ def test_compose_runs_postgres_a_one_shot_migrate_and_replicas() -> None:
     assert test[0] == "CMD"
     accepted_by_the_cli(test[1:])
     assert test[1:] == ["evermirror", "probe", "ready"]
+
+
+def test_the_scale_compose_file_runs_replicas_on_nats_behind_haproxy() -> None:
+    """docker-compose.scale.yml: PostgreSQL, NATS as the bus, N replicas and HAProxy in
+    front of them, with a balancer configuration HAProxy itself accepts."""
+    from compose_spec import PyCompose
+
+    parsed = PyCompose.from_yaml(SCALE_COMPOSE.read_text())
+    parsed.validate()
+    assert set(parsed.service_names()) == {"db", "nats", "migrate", "api", "lb"}
+    services = yaml.safe_load(SCALE_COMPOSE.read_text())["services"]
+    api, lb = services["api"], services["lb"]
+    assert api["environment"]["BUS_URL"] == "nats://nats:4222"
+    assert api["environment"]["DATABASE_URL"].startswith("postgresql://")
+    accepted_by_the_cli(["evermirror", *api["command"]])
+    replicas = api["deploy"]["replicas"]
+    assert int(api["environment"]["EXPECTED_INSTANCES"]) == replicas
+    assert "ports" not in api  # reached through the balancer only
+    assert lb["depends_on"]["api"]["condition"] == "service_healthy"
+    (mount,) = lb["volumes"]
+    config = ROOT / mount.split(":")[0]
+    assert config == HAPROXY_CONFIG
+    # Every replica has a slot in the balancer's template, on the API's port.
+    template = re.search(
+        r"server-template \S+ (\d+) api:(\d+) ", HAPROXY_CONFIG.read_text()
+    )
+    assert template is not None
+    assert int(template.group(1)) == replicas
+    assert template.group(2) == api["environment"]["PORT"]
+    haproxy = shutil.which("haproxy")
+    if haproxy is None:
+        if os.environ.get("REQUIRE_HAPROXY"):
+            pytest.fail("REQUIRE_HAPROXY is set, but haproxy is not installed")
+        return
+    _run([haproxy, "-c", "-f", str(HAPROXY_CONFIG)], timeout=30)
 
 
 # ---- the wheel, installed in a fresh environment ---------------------------------------
