@@ -348,6 +348,14 @@ def route_walk(
             None,
             {},
         ),
+        (
+            "submit_tool_approvals",
+            "POST",
+            f"{base}/tool-approvals",
+            {"decisions": [{"interaction_id": iid, "decision": "approve"}]},
+            None,
+            {},
+        ),
     ]
 
 
@@ -374,6 +382,7 @@ ROUTE_NAMES = [
     "submit_tool_results",
     "list_interactions",
     "resolve_interaction",
+    "submit_tool_approvals",
 ]
 
 

@@ -2,7 +2,7 @@
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from app.schemas import InputSchema, Schema, StorableText
 
@@ -34,9 +34,24 @@ class InteractionList(Schema):
     data: list[Interaction]
 
 
+def _one_target_schema(schema: dict[str, Any]) -> None:
+    """The schema says what the validator checks: each id is a string when sent (never
+    null), and exactly one of the two is sent."""
+    for name in ("interaction_id", "tool_call_id"):
+        prop = schema["properties"][name]
+        (text,) = [
+            branch for branch in prop.pop("anyOf") if branch.get("type") != "null"
+        ]
+        prop.update(text)
+        prop.pop("default", None)
+    schema["oneOf"] = [{"required": ["interaction_id"]}, {"required": ["tool_call_id"]}]
+
+
 class ToolDecision(Decision):
     """One decision of `POST .../tool-approvals`: the pending approval named by its
     interaction or by the tool call it holds back (exactly one of the two)."""
+
+    model_config = ConfigDict(json_schema_extra=_one_target_schema)
 
     interaction_id: Annotated[
         str | None, Field(pattern="^interaction_[0-9a-f]{32}$", max_length=44)

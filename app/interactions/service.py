@@ -107,11 +107,13 @@ async def resolve_many(
     """`POST .../tool-approvals`: each decision as `resolve` makes it, in the caller's
     unit of work, so a decision that fails (unknown, already decided, or named twice)
     leaves the others unwritten too."""
+    # The session first: another organization's, or none, is a 404 whatever the body.
+    await lock_owned_session(db, organization_id=organization_id, session_id=session_id)
     resolved: list[dict[str, Any]] = []
     seen: set[str] = set()
     for decision in decisions:
         interaction_id = decision.interaction_id or await _interaction_of_call(
-            db, session_id, organization_id, decision.tool_call_id or ""
+            db, session_id, decision.tool_call_id or ""
         )
         if interaction_id in seen:
             raise Unprocessable(f"Interaction {interaction_id} is decided twice")
@@ -129,10 +131,10 @@ async def resolve_many(
 
 
 async def _interaction_of_call(
-    db: Write, session_id: uuid.UUID, organization_id: uuid.UUID, tool_call_id: str
+    db: Write, session_id: uuid.UUID, tool_call_id: str
 ) -> str:
-    """The pending approval that holds back a tool call (404 when there is none)."""
-    await lock_owned_session(db, organization_id=organization_id, session_id=session_id)
+    """The approval that holds back a tool call in the session (404 when there is
+    none); the caller holds the session row."""
     conn = await db.core()
     snapshots = await conn.scalars(
         select(models.Message.snapshot).where(
