@@ -93,6 +93,10 @@ def _deadlines(loop: asyncio.AbstractEventLoop) -> Deadlines:
     return deadlines
 
 
+# How long a connection answered mid-request stays half-open, its input dropped.
+LINGER_SECONDS = 2.0
+
+
 class DeadlineProtocol(HttpToolsProtocol):
     def __init__(
         self,
@@ -118,6 +122,8 @@ class DeadlineProtocol(HttpToolsProtocol):
         # Whether any byte of the current request arrived: a connection that never sent
         # one is closed without an answer.
         self._request_begun = False
+        # After an answer to a request it refused mid-way (see `_close_answered`).
+        self._linger: asyncio.TimerHandle | None = None
 
     # ---- the deadlines ---------------------------------------------------------------
 
@@ -137,9 +143,27 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._linger is not None:
+            self._linger.cancel()
         super().connection_lost(exc)
 
+    def _close_answered(self) -> None:
+        """Close after answering a request the client may still be sending (a header
+        or body past its deadline, a malformed or oversized header): the answer and a
+        FIN go out, and whatever the client still sends is read and dropped for
+        LINGER_SECONDS. Closed at once, the socket would answer those bytes with a
+        reset, and the client's system would drop the answer before it was read."""
+        if self.transport.is_closing():
+            return
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._linger = self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
     def data_received(self, data: bytes) -> None:
+        if self._linger is not None:
+            return  # answered and half-closed: dropped (see _close_answered)
         if self._reading_header:
             self._header_bytes += len(data)
         super().data_received(data)
@@ -193,7 +217,9 @@ class DeadlineProtocol(HttpToolsProtocol):
                 408,
                 f"The request header did not arrive within {self.header_timeout:g} seconds",
             )
-        self.transport.close()
+            self._close_answered()
+        else:
+            self.transport.close()
 
     def _body_timed_out(self) -> None:
         self._deadline = False
@@ -214,7 +240,9 @@ class DeadlineProtocol(HttpToolsProtocol):
             # and anything it still sends is dropped.
             cycle.disconnected = True
             cycle.message_event.set()
-        self.transport.close()
+            self._close_answered()
+        else:
+            self.transport.close()
 
     # ---- uvicorn's own answers ------------------------------------------------------
 
@@ -228,7 +256,7 @@ class DeadlineProtocol(HttpToolsProtocol):
             )
         else:
             self._answer(400, "Malformed HTTP request", code="invalid_http")
-        self.transport.close()
+        self._close_answered()
 
     def _answer(self, status: int, detail: str, *, code: str | None = None) -> None:
         self._disarm()

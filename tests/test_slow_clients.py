@@ -4,6 +4,7 @@ closed; streams are not cut by the deadlines; what uvicorn answers itself (a mal
 request, an oversized header) is problem+json."""
 
 import asyncio
+import socket
 import time
 
 import httpx
@@ -138,6 +139,37 @@ async def test_a_dribbling_body_is_408_and_writes_nothing(
     assert DEADLINE * 0.9 <= body_time < DEADLINE + 1.5, body_time
     assert problem(raw, 408)["code"] == "request_timeout"
     assert (await api.get("/v1/sessions")).json()["total"] == before
+
+
+async def test_a_refused_request_is_half_closed_and_its_late_bytes_dropped(
+    live_server: Server,
+) -> None:
+    """A request refused mid-way is answered, then half-closed: the client reads the
+    answer and the end of it, and bytes it still sends are dropped for a while. (Closed
+    at once, the server reset the connection at the client's next bytes, and under load,
+    with some of them unread at the close, the reset dropped the answer itself.)"""
+
+    def client() -> tuple[bytes, bool]:
+        host, port = live_server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/sessions HTTP/1.1\r\nHost: test\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+            )
+            received = b""
+            while chunk := sock.recv(65536):  # the 408, then the server's FIN
+                received += chunk
+            try:
+                for _ in range(3):
+                    sock.sendall(b'"title": "late"')
+                    time.sleep(0.2)
+            except OSError:  # reset: the server had closed for good
+                return received, False
+            return received, True
+
+    raw, accepted = await asyncio.to_thread(client)
+    assert problem(raw, 408)["code"] == "request_timeout"
+    assert accepted, "the late bytes were answered with a reset"
 
 
 async def test_the_header_deadline_starts_at_each_request_of_a_connection(
