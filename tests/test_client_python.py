@@ -20,6 +20,7 @@ from evermirror_client import (
     Message,
     MessageMutation,
     Mutation,
+    OtherMutation,
     PartMutation,
     SessionMessagePage,
     SessionMutation,
@@ -412,6 +413,7 @@ async def test_subscribe_delivers_a_turn_continuously(
         assert statuses == ["open", "closed"]
         # Every Mutation carries the frame's common fields, as the JS client's do.
         for mutation in seen:
+            assert not isinstance(mutation, OtherMutation), mutation
             assert mutation.session_id == session.id, mutation
             assert mutation.created_at, mutation
             assert mutation.mutation_id, mutation

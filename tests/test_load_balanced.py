@@ -92,9 +92,9 @@ async def three_nodes(
     settings: Settings, tmp_path: Path, **env: str
 ) -> AsyncIterator[list[Server]]:
     async with (
-        server_process(settings.database_url, tmp_path, **env) as a,
-        server_process(settings.database_url, tmp_path, **env) as b,
-        server_process(settings.database_url, tmp_path, **env) as c,
+        server_process(settings.database_url, tmp_path, kill=False, **env) as a,
+        server_process(settings.database_url, tmp_path, kill=False, **env) as b,
+        server_process(settings.database_url, tmp_path, kill=False, **env) as c,
     ):
         yield [a, b, c]
 

@@ -55,7 +55,7 @@ def live_text(frames: list[Frame]) -> str:
     """The agent's text as the Mutation stream's part and deltas built it, checking
     that each delta continues where the text so far ends."""
     (part,) = [f.json()["part"] for f in frames if f.event == "part"]
-    text = part["text"]
+    text: str = part["text"]
     for delta in (f.json() for f in frames if f.event == "delta"):
         assert delta["offset"] == len(text), "a gap or overlap in the deltas"
         text += delta["text"]
@@ -109,8 +109,8 @@ async def test_nats_lost_mid_turn_loses_nothing_committed(
     env = {"BUS_URL": nats_server.url, "SCRIPTED_DELAY_MS": "20"}
     async with (
         asyncio.timeout(120),
-        server_process(settings.database_url, tmp_path, **env) as a,
-        server_process(settings.database_url, tmp_path, **env) as b,
+        server_process(settings.database_url, tmp_path, kill=False, **env) as a,
+        server_process(settings.database_url, tmp_path, kill=False, **env) as b,
         httpx.AsyncClient(base_url=a.url, timeout=10) as client_a,
         httpx.AsyncClient(base_url=b.url, timeout=10) as client_b,
     ):
