@@ -8,9 +8,7 @@ import asyncio
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import pytest
 from app.settings import Settings
 from tests.support.api import list_messages, text_of
 from tests.support.nats import Nats
-from tests.support.servers import Server, free_port, server_process
+from tests.support.servers import Server, free_port, server_process, wait_listening
 from tests.support.sse import Frame, SSEReader
 
 pytestmark = pytest.mark.postgres_only
@@ -64,13 +62,7 @@ class Balancer:
                 stdout=sink,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"haproxy did not listen: {self.log.read_text()}")
+        wait_listening(self.port, "haproxy", self.log)
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -1,17 +1,14 @@
 """A nats-server of a test's own (Debian's `nats-server`; CI installs it and sets
 REQUIRE_NATS), which the test can stop and start again on the same port."""
 
-import contextlib
 import os
 import shutil
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.servers import free_port
+from tests.support.servers import free_port, wait_listening
 
 
 class Nats:
@@ -38,13 +35,7 @@ class Nats:
                 stdout=sink,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"nats-server did not listen: {self.log.read_text()}")
+        wait_listening(self.port, "nats-server", self.log)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

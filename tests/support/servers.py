@@ -48,6 +48,20 @@ def bound_socket() -> socket.socket:
     raise RuntimeError("no free port")
 
 
+def wait_listening(port: int, name: str, log: Path, within: float = 10.0) -> None:
+    """Until something accepts connections on 127.0.0.1:`port` (a helper process the
+    test started); AssertionError with its log if nothing does within `within` s."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+        except OSError:
+            time.sleep(0.05)
+            continue
+        return
+    raise AssertionError(f"{name} did not listen: {log.read_text()}")
+
+
 def free_port() -> int:
     """A port that is free now, for a server that starts at once (one that starts
     later, when another process may have taken the port, gets a `bound_socket`)."""
