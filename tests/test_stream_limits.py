@@ -364,11 +364,9 @@ async def test_open_streams_hold_no_pooled_connection(running: Running) -> None:
             return True
 
         await settle(all_saw_the_end, "every stream saw the end of the turn")
-        await settle(
-            lambda: (reader.checkedout(), writer.checkedout()) == baseline,
-            "pool back to its baseline",
-        )
-        await asyncio.sleep(0.3)
+        # The turn's last writes each wake the streams for one shared read; on a
+        # loaded machine the last of those can come after a first quiet moment.
+        await wait_until(quiet, "the pool back to its baseline", within=10)
         assert not any(task.done() for task in consumers)
         assert state.fanout.count(session_uuid) == 20
         assert (reader.checkedout(), writer.checkedout()) == baseline
