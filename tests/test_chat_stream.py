@@ -1,16 +1,15 @@
 """The Chat Completions stream reader: events split however the bytes arrive, the
-provider's failures as the `openai` package's errors, a stream cut before its end, and
-a deadline between chunks that a drip of bytes does not reset."""
+provider's failures as ProviderErrors the driver retries, a stream cut before its end,
+and a deadline between chunks that a drip of bytes does not reset."""
 
 import asyncio
 import time
 from collections.abc import AsyncIterator
 
-import httpx2
-import openai
 import pytest
 
 from app.runner.drivers.chat_stream import chunks, events
+from app.runner.drivers.provider import ProviderError
 
 
 async def pieces(*parts: bytes) -> AsyncIterator[bytes]:
@@ -44,88 +43,79 @@ async def test_a_long_line_in_many_pieces() -> None:
     assert await collect(*cut) == [b"x" * 100_000]
 
 
-def response(body: bytes) -> httpx2.Response:
-    request = httpx2.Request("POST", "http://provider/v1/chat/completions")
-    return httpx2.Response(200, content=body, request=request)
-
-
 async def test_chunks_end_at_done_and_skip_what_is_not_an_object() -> None:
     body = b'data: {"a":1}\n\ndata: [1]\n\ndata: [DONE]\n\ndata: {"late":1}\n\n'
-    assert [c async for c in chunks(response(body), 5)] == [{"a": 1}]
+    assert [c async for c in chunks(pieces(body), 5)] == [{"a": 1}]
 
 
 async def drain(body: bytes, seen: list[dict[str, object]]) -> None:
-    async for chunk in chunks(response(body), 5):
+    async for chunk in chunks(pieces(body), 5):
         seen.append(chunk)
 
 
 FINISHED = b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\n'
 
 
-async def test_a_stream_cut_before_its_end_is_an_api_error() -> None:
+async def test_a_stream_cut_before_its_end_is_a_retried_failure() -> None:
     """No `[DONE]` and no finished choice: cut, or not a stream at all (an HTML page
     answered 200). A finished choice without `[DONE]` is a whole reply."""
     seen: list[dict[str, object]] = []
-    with pytest.raises(openai.APIError, match="ended before its end"):
+    with pytest.raises(ProviderError, match="ended before its end") as raised:
         await drain(b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n', seen)
+    assert (raised.value.code, raised.value.retryable) == ("stream_error", True)
     assert len(seen) == 1
-    with pytest.raises(openai.APIError, match="ended before its end"):
+    with pytest.raises(ProviderError, match="ended before its end"):
         await drain(b"<html><body>Welcome</body></html>", [])
     seen.clear()
     await drain(FINISHED, seen)
     assert len(seen) == 1
 
 
-class Dripping(httpx2.AsyncByteStream):
+async def dripping(pause: float) -> AsyncIterator[bytes]:
     """A byte of an event that never ends, every `pause` seconds."""
-
-    def __init__(self, pause: float) -> None:
-        self.pause = pause
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
-        while True:
-            await asyncio.sleep(self.pause)
-            yield b"d"
+    yield b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
+    while True:
+        await asyncio.sleep(pause)
+        yield b"d"
 
 
 async def test_a_provider_dripping_bytes_times_out_between_chunks() -> None:
     """Every read of the drip is quick; the next chunk never comes: a timeout after
     `idle_seconds` from the step asking for it, not from the last byte."""
-    request = httpx2.Request("POST", "http://provider/v1/chat/completions")
-    dripping = httpx2.Response(200, stream=Dripping(0.02), request=request)
     seen: list[dict[str, object]] = []
 
     async def slow_step() -> None:
-        async for chunk in chunks(dripping, 0.3):
+        async for chunk in chunks(dripping(0.02), 0.3):
             seen.append(chunk)
             # The step's own time with a chunk is not counted against the provider.
             await asyncio.sleep(0.4)
 
     started = time.monotonic()
-    with pytest.raises(openai.APITimeoutError):
+    with pytest.raises(ProviderError) as raised:
         await slow_step()
+    assert raised.value.code == "timeout"
     assert len(seen) == 1
     assert 0.65 <= time.monotonic() - started < 3
 
 
-async def test_an_error_object_mid_stream_is_the_packages_api_error() -> None:
+async def test_an_error_object_mid_stream_is_a_retried_failure() -> None:
     body = b'data: {"a":1}\n\ndata: {"error":{"message":"overloaded"}}\n\n'
     seen: list[dict[str, object]] = []
-    with pytest.raises(openai.APIError, match="overloaded") as raised:
+    with pytest.raises(ProviderError, match="overloaded") as raised:
         await drain(body, seen)
     assert seen == [{"a": 1}]
-    assert raised.value.body == {"message": "overloaded"}
+    assert str(raised.value) == "The model provider failed: overloaded"
+    assert (raised.value.code, raised.value.retryable) == ("stream_error", True)
 
 
-async def test_a_chunk_that_is_not_json_is_an_api_error() -> None:
-    with pytest.raises(openai.APIError, match="not JSON"):
+async def test_a_chunk_that_is_not_json_is_a_failure() -> None:
+    with pytest.raises(ProviderError, match="not JSON"):
         await drain(b"data: {nope\n\n", [])
 
 
-async def test_bytes_that_are_not_utf8_are_an_api_error() -> None:
+async def test_bytes_that_are_not_utf8_are_a_failure() -> None:
     """A chunk with bytes that are not UTF-8 is a failed attempt, not the runner's
     internal error."""
     body = b'data: {"choices":[{"delta":{"content":"\xff\xfe"}}]}\n\n'
-    with pytest.raises(openai.APIError, match="not JSON"):
+    with pytest.raises(ProviderError, match="not JSON"):
         await drain(body, [])

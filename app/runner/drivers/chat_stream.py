@@ -1,24 +1,23 @@
 """A Chat Completions event stream, read as plain data.
 
-The `openai` package turns every streamed chunk into a model object, which costs more
-than everything else a token's way to its watchers does. Here the stream's bytes are
-split into server-sent events and each chunk is decoded once, with orjson, into the
-dicts the driver reads a handful of fields from. The `openai` package still makes the
-request: configuration, authentication and its errors (a failed status raises before
-the first byte is read here).
+The body's bytes (`provider.Provider.stream`) are split into server-sent events and
+each chunk is decoded once, with orjson, into the dicts the driver reads a handful of
+fields from: a client library's model object per chunk costs more than everything else
+a token's way to its watchers does.
 
-Failures while reading become the `openai` package's errors, so the driver classifies
-them as it does the request's: an `error` object in the stream (the provider failed
-mid-answer), a timeout, a dropped connection.
+Failures while reading are `ProviderError`s, as the request's are, so the driver
+retries them alike: an `error` object in the stream (the provider failed mid-answer),
+a chunk that is not JSON or not of the shape read, a stream cut before its end, a
+timeout, a dropped connection.
 """
 
 import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx2
-import openai
 import orjson
+
+from app.runner.drivers.provider import stream_failed, timed_out
 
 DONE = b"[DONE]"
 
@@ -60,20 +59,20 @@ async def events(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 async def chunks(
-    response: httpx2.Response, idle_seconds: float
+    body: AsyncIterator[bytes], idle_seconds: float
 ) -> AsyncIterator[dict[str, Any]]:
     """Each chunk of a streamed completion, decoded, until `[DONE]`.
 
     Each chunk must arrive within `idle_seconds` of the step asking for it (else a
-    timeout): the client's read timeout is per read, so a provider dripping a byte now
-    and then would reset it forever. A stream that ends without `[DONE]` and without a chunk that
+    timeout): a deadline per read would let a provider dripping a byte now and then
+    reset it forever. A stream that ends without `[DONE]` and without a chunk that
     finished the choice was cut (or was never a stream: an HTML page answered 200),
     and is a provider failure, tried again, not a complete reply."""
     loop = asyncio.get_running_loop()
     deadline = _Deadline(loop.time() + idle_seconds)
     finished = False
     try:
-        async for data in events(_until(response.aiter_bytes(), deadline)):
+        async for data in events(_until(body, deadline)):
             if data == DONE:
                 return
             chunk = orjson.loads(data)
@@ -82,16 +81,10 @@ async def chunks(
             error = chunk.get("error")
             if error:
                 message = error.get("message") if isinstance(error, dict) else None
-                raise openai.APIError(
-                    str(message or error)[:MAX_ERROR_CHARS],
-                    response.request,
-                    body=error,
-                )
+                raise stream_failed(str(message or error))
             malformed = _malformed(chunk)
             if malformed is not None:
-                raise openai.APIError(
-                    f"a malformed chunk ({malformed})", response.request, body=None
-                )
+                raise stream_failed(f"a malformed chunk ({malformed})")
             choices = chunk.get("choices")
             if choices and choices[0].get("finish_reason"):
                 finished = True
@@ -100,20 +93,12 @@ async def chunks(
             # time the step took with this one is not the provider's.
             deadline.at = loop.time() + idle_seconds
     except TimeoutError as exc:
-        raise openai.APITimeoutError(response.request) from exc
-    except httpx2.TimeoutException as exc:
-        raise openai.APITimeoutError(response.request) from exc
-    except httpx2.TransportError as exc:
-        raise openai.APIConnectionError(request=response.request) from exc
+        raise timed_out() from exc
     except orjson.JSONDecodeError as exc:
-        raise openai.APIError(
-            f"a chunk of the stream is not JSON ({exc})", response.request, body=None
-        ) from exc
+        raise stream_failed(f"a chunk of the stream is not JSON ({exc})") from exc
     if not finished:
-        raise openai.APIError(
-            "the stream ended before its end (no [DONE], no finish_reason)",
-            response.request,
-            body=None,
+        raise stream_failed(
+            "the stream ended before its end (no [DONE], no finish_reason)"
         )
 
 
@@ -140,9 +125,6 @@ async def _until(
                 return
         yield piece
 
-
-# How much of a provider's error message is kept (stored in the error part, logged).
-MAX_ERROR_CHARS = 1_000
 
 _OPTIONAL_TEXT = (str, type(None))
 

@@ -1,36 +1,29 @@
-"""The `openai` driver: streaming Chat Completions through the official `openai` package,
-so it talks to OpenAI and to every server that speaks that protocol (vLLM, Ollama,
-llama.cpp server, LM Studio, OpenRouter).
+"""The `openai` driver: streaming Chat Completions, the protocol of OpenAI and of every
+server that speaks it (vLLM, Ollama, llama.cpp server, LM Studio, OpenRouter).
 
-It sends what the Composer made (`Turn.model_input`) and reads the streamed chunks as
-plain data (`chat_stream`: the package's per-chunk model objects cost more than the
-rest of a token's way to its watchers), turning them into model events: text and reasoning deltas (`reasoning_content` or `reasoning`, as compatible
-servers name it), tool calls whose arguments stream as they arrive, and the usage of
-the step (`stream_options.include_usage`).
+It sends what the Composer made (`Turn.model_input`) over `provider.Provider` and reads
+the streamed chunks as plain data (`chat_stream`), turning them into model events: text
+and reasoning deltas (`reasoning_content` or `reasoning`, as compatible servers name
+it), tool calls whose arguments stream as they arrive, and the usage of the step
+(`stream_options.include_usage`).
 
-Retries are this driver's, not the client library's (its `max_retries` is 0): 429,
-5xx, timeouts and dropped connections are tried again up to `MODEL_MAX_RETRIES` times
-with exponential backoff, or after the provider's `Retry-After`, and each retry is an
-event (`Retrying`) the runner announces live. A request that cannot succeed (400, 401,
-403, 404, 422) is not retried. Closing the step's generator (the runner does on cancel)
-closes the HTTP response at once: nothing more is generated for a cancelled turn.
+Failed attempts are retried here: 408, 409, 429, 5xx, timeouts, dropped connections
+and streams that fail mid-answer are tried again up to `MODEL_MAX_RETRIES` times with
+exponential backoff, or after the provider's `Retry-After`, and each retry is an event
+(`Retrying`) the runner announces live. A request that cannot succeed (400, 401, 403,
+404, 422, a redirect) is not retried. Closing the step's generator (the runner does on
+cancel) closes the connection at once: nothing more is generated for a cancelled turn.
 """
 
 import asyncio
 import logging
 import random
-import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
-from typing import Any, cast
+from typing import Any
 
-import httpx2
-import openai
 import orjson
-from openai.types.chat import ChatCompletion
 
-from app.db.types import utcnow
 from app.runner.composer import tool_definitions
 from app.runner.drivers import chat_stream
 from app.runner.drivers.base import (
@@ -45,6 +38,7 @@ from app.runner.drivers.base import (
     ToolInputDelta,
     Turn,
 )
+from app.runner.drivers.provider import Provider, ProviderError, stream_failed
 from app.settings import Settings
 
 log = logging.getLogger("app.runner.openai")
@@ -53,7 +47,6 @@ log = logging.getLogger("app.runner.openai")
 # honoured up to the cap.
 BACKOFF_BASE_SECONDS = 0.5
 BACKOFF_CAP_SECONDS = 30.0
-RETRIED_STATUSES = frozenset({408, 409, 429})
 
 
 @dataclass
@@ -76,114 +69,6 @@ class _Attempt:
     usage: dict[str, Any] = field(default_factory=dict)
     # Characters of text, reasoning and tool arguments streamed.
     chars: int = 0
-
-
-class ProviderError(Exception):
-    """A failed request: its status (or kind) and whether another attempt may succeed."""
-
-    def __init__(
-        self, code: str, message: str, retryable: bool, after: float | None = None
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.retryable = retryable
-        self.after = after
-
-
-# How much of an error answer's body is read (its message is kept to 1,000 characters).
-MAX_ERROR_BODY_BYTES = 64 * 1024
-
-
-async def _cap_error_body(response: httpx2.Response) -> None:
-    """An error answer's body, read up to MAX_ERROR_BODY_BYTES before the `openai`
-    package reads and parses it: a provider, or a proxy in front of one, answering
-    megabytes would otherwise be read into memory and parsed on the event loop."""
-    if response.status_code < 400:
-        return
-    body = response.stream
-    assert isinstance(body, httpx2.AsyncByteStream)
-    kept = bytearray()
-    async for piece in body:
-        kept += piece
-        if len(kept) >= MAX_ERROR_BODY_BYTES:
-            break
-    await body.aclose()
-    response.stream = httpx2.ByteStream(bytes(kept[:MAX_ERROR_BODY_BYTES]))
-
-
-# The start of an error's `message` in a body that is not whole JSON (cut at
-# MAX_ERROR_BODY_BYTES): `{"error": {"message": "...`.
-MESSAGE_TEXT = re.compile(r'"message"\s*:\s*"((?:[^"\\]|\\.)*)')
-
-
-def _message_in_text(body: Any) -> str | None:
-    """An error message read from a body the `openai` package could not parse (it
-    hands such a body over as text): the start of its `message`, else the text."""
-    if not isinstance(body, str) or not body.strip():
-        return None
-    found = MESSAGE_TEXT.search(body)
-    return found.group(1) if found else body.strip()
-
-
-def _retry_after(headers: Any) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date)."""
-    if headers is None:
-        return None
-    value = headers.get("retry-after-ms")
-    if value:
-        try:
-            return max(0.0, float(value) / 1000)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, (parsedate_to_datetime(value) - utcnow()).total_seconds())
-    except (TypeError, ValueError):
-        return None
-
-
-def classify(exc: Exception) -> ProviderError:
-    if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        retryable = status in RETRIED_STATUSES or status >= 500
-        body = exc.body.get("error", exc.body) if isinstance(exc.body, dict) else None
-        detail = (
-            (body.get("message") if isinstance(body, dict) else None)
-            or _message_in_text(exc.body)
-            or exc.response.reason_phrase
-        )
-        # Stored in the error part and logged: a provider's page of HTML, or worse, is
-        # cut to its start.
-        detail = str(detail)[: chat_stream.MAX_ERROR_CHARS]
-        return ProviderError(
-            str(status),
-            f"The model provider answered {status}: {detail}",
-            retryable,
-            _retry_after(exc.response.headers),
-        )
-    if isinstance(exc, openai.APITimeoutError):
-        return ProviderError(
-            "timeout", "The model provider did not answer in time", True
-        )
-    if isinstance(exc, openai.APIConnectionError):
-        cause = exc.__cause__ or exc
-        return ProviderError(
-            "connection_error",
-            f"The connection to the model provider failed: {type(cause).__name__}",
-            True,
-        )
-    if isinstance(exc, openai.APIError):
-        # An `error` object inside the stream: the provider failed mid-answer.
-        return ProviderError(
-            "stream_error", f"The model provider failed: {exc.message}", True
-        )
-    raise exc
 
 
 def _usage(usage: dict[str, Any]) -> dict[str, Any]:
@@ -234,22 +119,16 @@ class OpenAIDriver:
         self.timeout_seconds = settings.model_timeout_seconds
         self.max_reply_chars = settings.model_max_reply_chars
         self.max_tool_calls = settings.model_max_tool_calls
-        self.client = openai.AsyncOpenAI(
-            base_url=settings.openai_base_url,
-            # Local servers take any key; the client refuses to start without one.
-            api_key=settings.openai_api_key or "none",
-            timeout=settings.model_timeout_seconds,
-            max_retries=0,
-            # A redirect is an answer, not a hop: following one would send the
-            # provider key to wherever it points.
-            http_client=openai.DefaultAsyncHttpxClient(
-                follow_redirects=False,
-                event_hooks={"response": [_cap_error_body]},
-            ),
+        if not settings.openai_base_url:
+            raise ValueError("OPENAI_BASE_URL is required by the openai driver")
+        self.provider = Provider(
+            settings.openai_base_url,
+            settings.openai_api_key,
+            settings.model_timeout_seconds,
         )
 
     async def aclose(self) -> None:
-        await self.client.close()
+        await self.provider.aclose()
 
     def _request(self, turn: Turn) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -269,16 +148,14 @@ class OpenAIDriver:
         attempts = self.max_retries + 1
         for attempt in range(1, attempts + 1):
             try:
-                body: dict[str, Any] = {"model": self.model, "messages": messages}
-                response = cast(
-                    ChatCompletion, await self.client.chat.completions.create(**body)
+                answer = await self.provider.complete(
+                    {"model": self.model, "messages": messages}
                 )
-                return (response.choices[0].message.content or "").strip()
-            except openai.APIError as exc:
-                failure = classify(exc)
+                return _summary_text(answer)
+            except ProviderError as failure:
                 log.warning("summary request failed (%s): %s", failure.code, failure)
                 if not failure.retryable or attempt == attempts:
-                    raise ModelError(str(failure)) from exc
+                    raise ModelError(str(failure)) from failure
                 await asyncio.sleep(
                     min(
                         failure.after
@@ -296,10 +173,7 @@ class OpenAIDriver:
             try:
                 async for event in self._attempt(turn, state):
                     yield event
-            except (openai.APIError, ModelError) as exc:
-                if isinstance(exc, ModelError):
-                    raise
-                failure = classify(exc)
+            except ProviderError as failure:
                 will_retry = failure.retryable and attempt < attempts
                 delay = (
                     min(
@@ -331,21 +205,16 @@ class OpenAIDriver:
                         delay_ms=int(delay * 1000),
                     )
                 if not will_retry:
-                    raise ModelError(str(failure)) from exc
+                    raise ModelError(str(failure)) from failure
                 await asyncio.sleep(delay)
                 continue
             return
 
     async def _attempt(self, turn: Turn, state: _Attempt) -> AsyncIterator[ModelEvent]:
-        request = self.client.chat.completions.with_streaming_response.create(
-            **self._request(turn)
-        )
         # Closed however the step ends: read to its end, failed, or closed by the runner
         # (a cancel), which stops the provider generating at once.
-        async with request as response:
-            async for chunk in chat_stream.chunks(
-                response.http_response, self.timeout_seconds
-            ):
+        async with self.provider.stream(self._request(turn)) as body:
+            async for chunk in chat_stream.chunks(body, self.timeout_seconds):
                 usage = chunk.get("usage")
                 if isinstance(usage, dict):
                     state.usage = _usage(usage)
@@ -452,3 +321,14 @@ def _parsed(call: _Call) -> ToolCall:
             call.id, call.name, {}, error="The tool's arguments are not a JSON object"
         )
     return ToolCall(call.id, call.name, arguments)
+
+
+def _summary_text(answer: Any) -> str:
+    """The text of a non-streamed answer's first choice."""
+    try:
+        content = answer["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise stream_failed(f"an answer without a message ({exc!r})") from exc
+    if not isinstance(content, str | None):
+        raise stream_failed("an answer whose message content is not text")
+    return (content or "").strip()
