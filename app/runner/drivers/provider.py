@@ -96,15 +96,17 @@ class Provider:
             "Content-Type": "application/json",
             "Accept": "application/json",
         }
+        # Loading certificates takes tens of milliseconds: at start-up, not on the event
+        # loop's first request.
+        self._tls = ssl.create_default_context()
+        self._tls.load_verify_locations(certifi.where())
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         # Made on first use: a session belongs to the event loop it was made in.
         if self._session is None:
-            context = ssl.create_default_context()
-            context.load_verify_locations(certifi.where())
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, ssl=context),
+                connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, ssl=self._tls),
                 # Each phase has its own deadline here (`_send`, the reader's).
                 timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
                 trust_env=True,
