@@ -36,14 +36,13 @@ from nats.aio.msg import Msg
 
 from app.db.outbox import Outbox
 from app.live.bus import (
-    MAX_PENDING,
     Bus,
     committed_items,
     decode,
-    joined_delta,
+    enqueue,
     packed,
 )
-from app.live.items import BusItem, Resync, TextDelta
+from app.live.items import BusItem, Resync
 
 log = logging.getLogger("app.live.bus")
 
@@ -159,18 +158,8 @@ class NatsBus(Bus):
         self._queue(item)
 
     def _queue(self, item: BusItem) -> None:
-        pending = self._pending
-        if len(pending) >= MAX_PENDING:
-            # The sender is far behind: live items are ephemeral, and the other
-            # processes converge on the next committed snapshot.
-            return
-        if pending and isinstance(item, TextDelta):
-            joined = joined_delta(pending[-1], item)
-            if joined is not None:
-                pending[-1] = joined
-                return
-        pending.append(item)
-        self._queued.set()
+        if enqueue(self._pending, item):
+            self._queued.set()
 
     async def _send_loop(self) -> None:
         while True:
