@@ -255,6 +255,7 @@ def route_walk(
     base = f"/sessions/{sid}"
     return [
         ("get_session", "GET", base, None, None, {}),
+        ("export_session", "GET", f"{base}/export", None, None, {}),
         (
             "update_session",
             "PATCH",
@@ -361,6 +362,7 @@ def route_walk(
 
 ROUTE_NAMES = [
     "get_session",
+    "export_session",
     "update_session",
     "delete_session",
     "cancel_turn",

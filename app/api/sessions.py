@@ -3,6 +3,7 @@
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Query, Response
+from fastapi.responses import StreamingResponse
 
 from app import wire
 from app.api import guards
@@ -13,14 +14,17 @@ from app.api.deps import (
     ReadDb,
     SessionId,
     SettingsDep,
+    StateDep,
     WriteDb,
 )
 from app.errors import BODY_PROBLEMS, InvalidParameter, problem_responses
 from app.schemas import MAX_INT32, UtcTimestamp
-from app.sessions import actions, page, schemas, service
+from app.sessions import actions, export, page, schemas, service
 from app.tools import schema_check
 
 router = APIRouter(tags=["sessions"])
+
+JSONL = "application/jsonl"
 
 # What `status` accepts: known values, comma-separated; blanks around them are ignored.
 _STATUS = rf"\s*({'|'.join(service.STATUS_FILTERS)})?\s*"
@@ -118,6 +122,40 @@ async def get_session(
     """One session."""
     session = await service.get_session(db, organization_id=org, session_id=session_id)
     return wire.json_response(wire.dumps(service.session_wire(session, base)))
+
+
+@router.get(
+    "/sessions/{session_id}/export",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "The session, its messages and its events as JSON Lines"
+            " (docs/api.md, Export)",
+            "content": {JSONL: {"schema": {"type": "string"}}},
+            "headers": {"Content-Disposition": {"schema": {"type": "string"}}},
+        },
+        **problem_responses(400, 401, 404),
+    },
+)
+async def export_session(
+    session_id: SessionId,
+    db: ReadDb,
+    state: StateDep,
+    org: OrgId,
+    base: BaseUrl,
+    format: Annotated[
+        Literal["jsonl"], Query(description="The export's format: `jsonl`.")
+    ] = "jsonl",
+) -> StreamingResponse:
+    """The session, every message (internal ones included) and every event of its log,
+    one JSON object per line, streamed."""
+    session = await service.get_session(db, organization_id=org, session_id=session_id)
+    body = service.session_wire(session, base)
+    return StreamingResponse(
+        export.jsonl(state.reads, session_id, session.last_sequence, body),
+        media_type=JSONL,
+        headers={"Content-Disposition": f'attachment; filename="{body["id"]}.jsonl"'},
+    )
 
 
 @router.patch(

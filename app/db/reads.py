@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import aiosqlite
 import asyncpg
@@ -159,6 +159,15 @@ def _turn_outcome_sql(p: Sequence[str], null: dict[str, str]) -> str:
     )
 
 
+def _rows_after_sql(table: str, column: str, p: Sequence[str]) -> str:
+    """A session's rows of `table` in sequence order, in (after, upto], `limit` of them:
+    one batch of an export."""
+    return (
+        f"SELECT sequence, {column} FROM {table} WHERE session_id = {p[0]}"
+        f" AND sequence > {p[1]} AND sequence <= {p[2]} ORDER BY sequence LIMIT {p[3]}"
+    )
+
+
 def _upto(before_sequence: int | None) -> int:
     # Sequences are int32: the highest one a page may hold.
     return MAX_INT32 if before_sequence is None else before_sequence - 1
@@ -170,15 +179,19 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _bytes(value: str | bytes) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()
+
+
 def _head(record: Sequence[Any], parse: Callable[[Any], uuid.UUID]) -> SessionHead:
     return SessionHead(parse(record[0]), record[1], record[2], record[3])
 
 
 class Reads:
-    """The three reads, written once. Each driver supplies its placeholders and typed
+    """The reads, written once. Each driver supplies its placeholders and typed
     NULLs, how a statement is fetched, and how UUIDs are bound and read back."""
 
-    placeholders: ClassVar[tuple[str, str, str]]
+    placeholders: ClassVar[tuple[str, ...]]
     nulls: ClassVar[dict[str, str]]
 
     def __init__(self) -> None:
@@ -189,6 +202,10 @@ class Reads:
         self._turn_watch = _turn_watch_sql(p)
         self._checkpoints = _checkpoints_sql(p, self.nulls)
         self._turn_outcome = _turn_outcome_sql(p, self.nulls)
+        self._rows_after = {
+            "messages": _rows_after_sql("messages", "snapshot", p),
+            "events": _rows_after_sql("events", "body", p),
+        }
 
     async def start(self) -> None:
         return None
@@ -246,6 +263,22 @@ class Reads:
         if not records:
             return None
         return MessageRow(_head(records[0], self._uuid), records[0][4])
+
+    async def rows_after(
+        self,
+        table: Literal["messages", "events"],
+        session_id: uuid.UUID,
+        *,
+        after: int,
+        upto: int,
+        limit: int,
+    ) -> list[tuple[int, bytes]]:
+        """Up to `limit` stored messages (their snapshots) or events (their bodies) of
+        the session with a sequence in (after, upto], oldest first, as stored."""
+        records = await self._fetch(
+            self._rows_after[table], self._bind(session_id), after, upto, limit
+        )
+        return [(record[0], _bytes(record[1])) for record in records]
 
     async def head(self, session_id: uuid.UUID) -> SessionHead | None:
         """The session row's owner and counters; None when it does not exist."""
@@ -338,7 +371,7 @@ async def _text_as_bytes(conn: asyncpg.Connection) -> None:
 
 
 class PgReads(Reads):
-    placeholders: ClassVar[tuple[str, str, str]] = ("$1", "$2", "$3")
+    placeholders: ClassVar[tuple[str, ...]] = ("$1", "$2", "$3", "$4")
     nulls: ClassVar[dict[str, str]] = {
         "int": "NULL::integer",
         "text": "NULL::text",
@@ -389,7 +422,7 @@ class SqliteReads(Reads):
     """Read-only connections to the database file (WAL: readers never wait for the
     writer). SQLite stores UUIDs as 32 hex characters."""
 
-    placeholders: ClassVar[tuple[str, str, str]] = ("?1", "?2", "?3")
+    placeholders: ClassVar[tuple[str, ...]] = ("?1", "?2", "?3", "?4")
     nulls: ClassVar[dict[str, str]] = {
         "int": "NULL",
         "text": "NULL",

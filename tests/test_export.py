@@ -1,0 +1,127 @@
+"""`GET /v1/sessions/{id}/export`: the session, every message (internal ones included)
+and every event, one JSON object per line, as the other routes answer them; bounded at
+the sequence the session had when the export began; read in batches."""
+
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from everruns_sdk import Everruns
+
+from app.db.reads import Reads
+from app.sessions import export
+from tests.support.api import create_session, list_events, post_message
+from tests.support.in_process import Running
+from tests.support.problems import assert_problem
+from tests.support.waits import wait_idle, wait_sdk_idle
+
+
+def lines(body: bytes) -> list[dict[str, Any]]:
+    assert body.endswith(b"\n")
+    return [orjson.loads(line) for line in body.split(b"\n")[:-1]]
+
+
+async def test_the_export_is_the_session_its_messages_and_its_events(
+    client: httpx.AsyncClient,
+) -> None:
+    sid = await create_session(client, title="exported")
+    for text in ("first", "second"):
+        await post_message(client, sid, text)
+        await wait_idle(client, sid)
+    response = await client.get(f"/v1/sessions/{sid}/export")
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/jsonl"
+    assert response.headers["content-disposition"] == (
+        f'attachment; filename="{sid}.jsonl"'
+    )
+    got = lines(response.content)
+    assert [line["type"] for line in got[:1]] == ["session"]
+    assert got[0]["session"] == (await client.get(f"/v1/sessions/{sid}")).json()
+    messages = [line["message"] for line in got if line["type"] == "message"]
+    listed = (
+        await client.get(
+            f"/v1/sessions/{sid}/messages", params={"include_internal": "true"}
+        )
+    ).json()["data"]
+    assert messages == listed
+    assert [m["role"] for m in messages] == ["user", "agent", "user", "agent"]
+    events = [line["event"] for line in got if line["type"] == "event"]
+    assert events == await list_events(client, sid)
+    # Session, then messages, then events: nothing else, nothing out of order.
+    kinds = [line["type"] for line in got]
+    assert kinds == ["session"] + ["message"] * 4 + ["event"] * len(events)
+    assert [e["sequence"] for e in events] == sorted(e["sequence"] for e in events)
+
+
+async def test_batches_join_without_a_gap_or_a_repeat(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(export, "EXPORT_BATCH", 2)
+    sid = await create_session(client)
+    for text in ("one", "two", "three"):
+        await post_message(client, sid, text)
+        await wait_idle(client, sid)
+    got = lines((await client.get(f"/v1/sessions/{sid}/export")).content)
+    messages = [line["message"]["id"] for line in got if line["type"] == "message"]
+    events = [line["event"]["id"] for line in got if line["type"] == "event"]
+    assert len(messages) == len(set(messages)) == 6
+    assert events == [e["id"] for e in await list_events(client, sid)]
+
+
+async def test_an_export_ends_at_the_sequence_it_began_at(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What commits after the export began is not in it (the first batch is read after
+    a turn has committed more)."""
+    client = running.client
+    sid = await create_session(client)
+    await post_message(client, sid, "before")
+    await wait_idle(client, sid)
+    whole = lines((await client.get(f"/v1/sessions/{sid}/export")).content)
+    reads: Reads = running.app.state.app.reads
+    real = reads.rows_after
+    posted = False
+
+    async def late(*args: Any, **kwargs: Any) -> list[tuple[int, bytes]]:
+        nonlocal posted
+        if not posted:
+            posted = True
+            await post_message(client, sid, "after")
+            await wait_idle(client, sid)
+        rows: list[tuple[int, bytes]] = await real(*args, **kwargs)
+        return rows
+
+    monkeypatch.setattr(reads, "rows_after", late)
+    bounded = lines((await client.get(f"/v1/sessions/{sid}/export")).content)
+    assert posted
+    assert [line["type"] for line in bounded] == [line["type"] for line in whole]
+    assert [line["message"]["id"] for line in bounded if line["type"] == "message"] == [
+        line["message"]["id"] for line in whole if line["type"] == "message"
+    ]
+
+
+async def test_bad_format_and_unknown_session(client: httpx.AsyncClient) -> None:
+    sid = await create_session(client)
+    bad = await client.get(f"/v1/sessions/{sid}/export", params={"format": "xml"})
+    assert_problem(bad, 400, code="invalid_parameter")
+    assert bad.json()["detail"] == "format: Input should be 'jsonl'"
+    ghost = "session_" + "0" * 32
+    missing = await client.get(f"/v1/sessions/{ghost}/export")
+    assert_problem(missing, 404, code="session_not_found")
+
+
+async def test_the_official_sdk_exports(sdk: Everruns) -> None:
+    session = await sdk.sessions.create(title="sdk export")
+    await sdk.messages.create(session.id, "export me")
+    await wait_sdk_idle(sdk, session.id)
+    text = await sdk.sessions.export(session.id)
+    got = lines(text.encode())
+    assert got[0]["session"]["id"] == session.id
+    texts = [
+        part.get("text")
+        for line in got
+        if line["type"] == "message"
+        for part in line["message"]["content"]
+    ]
+    assert texts[0] == "export me"
