@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.api.state import AppState
 from app.auth import Caller
 from app.catalog.registry import Catalog
+from app.db.reads import Reads
 from app.db.writes import Write
 from app.ids import parse_or_400
 from app.settings import Settings
@@ -33,6 +34,15 @@ async def get_settings(request: Request) -> Settings:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+async def get_reads(request: Request) -> Reads:
+    reads: Reads = request.app.state.app.reads
+    return reads
+
+
+# The plain driver statements of the request path (app/db/reads.py).
+ReadsDep = Annotated[Reads, Depends(get_reads)]
 
 
 async def get_catalog(request: Request) -> Catalog:

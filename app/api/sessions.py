@@ -12,9 +12,9 @@ from app.api.deps import (
     CatalogDep,
     OrgId,
     ReadDb,
+    ReadsDep,
     SessionId,
     SettingsDep,
-    StateDep,
     WriteDb,
 )
 from app.errors import BODY_PROBLEMS, InvalidParameter, problem_responses
@@ -140,7 +140,7 @@ async def get_session(
 async def export_session(
     session_id: SessionId,
     db: ReadDb,
-    state: StateDep,
+    reads: ReadsDep,
     org: OrgId,
     base: BaseUrl,
     format: Annotated[
@@ -152,7 +152,7 @@ async def export_session(
     session = await service.get_session(db, organization_id=org, session_id=session_id)
     body = service.session_wire(session, base)
     return StreamingResponse(
-        export.jsonl(state.reads, session_id, session.last_sequence, body),
+        export.jsonl(reads, session_id, session.last_sequence, body),
         media_type=JSONL,
         headers={"Content-Disposition": f'attachment; filename="{body["id"]}.jsonl"'},
     )
