@@ -256,6 +256,10 @@ def route_walk(
     return [
         ("get_session", "GET", base, None, None, {}),
         ("export_session", "GET", f"{base}/export", None, None, {}),
+        ("pin_session", "PUT", f"{base}/pin", None, None, {}),
+        ("unpin_session", "DELETE", f"{base}/pin", None, None, {}),
+        ("archive_session", "PUT", f"{base}/archive", None, None, {}),
+        ("unarchive_session", "DELETE", f"{base}/archive", None, None, {}),
         (
             "update_session",
             "PATCH",
@@ -363,6 +367,10 @@ def route_walk(
 ROUTE_NAMES = [
     "get_session",
     "export_session",
+    "pin_session",
+    "unpin_session",
+    "archive_session",
+    "unarchive_session",
     "update_session",
     "delete_session",
     "cancel_turn",

@@ -84,6 +84,12 @@ async def list_sessions(
     created_after: UtcTimestamp = None,
     created_before: UtcTimestamp = None,
     order: Literal["created_at", "last_activity"] = "created_at",
+    include_archived: Annotated[
+        bool, Query(description="List archived sessions with the others.")
+    ] = False,
+    archived_only: Annotated[
+        bool, Query(description="List archived sessions only.")
+    ] = False,
 ) -> Response:
     """List the organization's sessions, newest first, with offset pagination. A page
     whose sessions would pass MAX_LIST_BYTES ends early: `limit` then says how many it
@@ -97,7 +103,14 @@ async def list_sessions(
                 raise InvalidParameter(f"status: unknown value '{value.strip()}'")
             statuses.append(service.STATUS_FILTERS[value.strip()])
     query = service.SessionQuery(
-        offset, limit, search, tuple(statuses), created_after, created_before, order
+        offset,
+        limit,
+        search,
+        tuple(statuses),
+        created_after,
+        created_before,
+        order,
+        "only" if archived_only else "include" if include_archived else "exclude",
     )
     rows, total = await service.list_sessions(db, organization_id=org, query=query)
     return wire.json_response(
@@ -194,6 +207,59 @@ async def update_session(
 async def delete_session(session_id: SessionId, db: WriteDb, org: OrgId) -> Response:
     """Delete the session with its messages and events; every later call answers 404."""
     await service.delete_session(db, organization_id=org, session_id=session_id)
+    return Response(status_code=204)
+
+
+@router.put(
+    "/sessions/{session_id}/pin",
+    status_code=204,
+    responses=problem_responses(400, 401, 404),
+)
+async def pin_session(session_id: SessionId, db: WriteDb, org: OrgId) -> Response:
+    """Pin the session (`is_pinned: true`). Idempotent."""
+    await service.mark_session(
+        db, organization_id=org, session_id=session_id, mark="pinned_at", on=True
+    )
+    return Response(status_code=204)
+
+
+@router.delete(
+    "/sessions/{session_id}/pin",
+    status_code=204,
+    responses=problem_responses(400, 401, 404),
+)
+async def unpin_session(session_id: SessionId, db: WriteDb, org: OrgId) -> Response:
+    """Unpin the session. Idempotent."""
+    await service.mark_session(
+        db, organization_id=org, session_id=session_id, mark="pinned_at", on=False
+    )
+    return Response(status_code=204)
+
+
+@router.put(
+    "/sessions/{session_id}/archive",
+    status_code=204,
+    responses=problem_responses(400, 401, 404),
+)
+async def archive_session(session_id: SessionId, db: WriteDb, org: OrgId) -> Response:
+    """Archive the session: `GET /v1/sessions` leaves it out unless `include_archived`
+    or `archived_only` asks for it; everything else works as before. Idempotent."""
+    await service.mark_session(
+        db, organization_id=org, session_id=session_id, mark="archived_at", on=True
+    )
+    return Response(status_code=204)
+
+
+@router.delete(
+    "/sessions/{session_id}/archive",
+    status_code=204,
+    responses=problem_responses(400, 401, 404),
+)
+async def unarchive_session(session_id: SessionId, db: WriteDb, org: OrgId) -> Response:
+    """Bring the session back to the default list. Idempotent."""
+    await service.mark_session(
+        db, organization_id=org, session_id=session_id, mark="archived_at", on=False
+    )
     return Response(status_code=204)
 
 

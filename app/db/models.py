@@ -45,6 +45,9 @@ class Session(Base):
     last_activity_at: Mapped[datetime] = mapped_column(UtcDateTime)
     started_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    # Set by PUT .../pin and .../archive, cleared by their DELETE.
+    pinned_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    archived_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
 
 class Event(Base):

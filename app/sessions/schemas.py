@@ -127,6 +127,8 @@ class Session(Schema):
     updated_at: str
     started_at: str | None = None
     finished_at: str | None = None
+    is_pinned: bool = False
+    archived_at: str | None = None
     usage: TokenUsage | None = Field(
         default=None,
         description="Cumulative token usage of every model call in this session.",

@@ -3,7 +3,7 @@
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -68,6 +68,9 @@ def session_wire(session: models.Session, base_url: str) -> dict[str, Any]:
         body["started_at"] = wire.timestamp(session.started_at)
     if session.finished_at is not None:
         body["finished_at"] = wire.timestamp(session.finished_at)
+    body["is_pinned"] = session.pinned_at is not None
+    if session.archived_at is not None:
+        body["archived_at"] = wire.timestamp(session.archived_at)
     body["self_url"] = f"{base_url}/v1/sessions/{sid}"
     # The UI is not under the API's `/api` mount (upstream: `.../sessions/<id>/chat`).
     ui_root = base_url.removesuffix("/api")
@@ -136,6 +139,8 @@ class SessionQuery:
     created_after: datetime | None = None
     created_before: datetime | None = None
     order: str = "created_at"
+    # Archived sessions: left out ("exclude"), listed with the others, or alone.
+    archived: Literal["exclude", "include", "only"] = "exclude"
 
 
 async def list_sessions(
@@ -153,6 +158,10 @@ async def list_sessions(
             stmt = stmt.where(models.Session.title.ilike(f"%{literal}%", escape="\\"))
     if query.statuses:
         stmt = stmt.where(models.Session.status.in_(query.statuses))
+    if query.archived == "exclude":
+        stmt = stmt.where(models.Session.archived_at.is_(None))
+    elif query.archived == "only":
+        stmt = stmt.where(models.Session.archived_at.is_not(None))
     if query.created_after is not None:
         stmt = stmt.where(models.Session.created_at > query.created_after)
     if query.created_before is not None:
@@ -231,6 +240,31 @@ async def update_session(
         )
     )
     return before, session
+
+
+async def mark_session(
+    db: Write,
+    *,
+    organization_id: uuid.UUID,
+    session_id: uuid.UUID,
+    mark: Literal["pinned_at", "archived_at"],
+    on: bool,
+) -> None:
+    """Pin or archive the session (`on`), or undo it. Idempotent: marking a marked
+    session keeps the time it was first marked. Neither touches `updated_at`: they
+    are the organization's view of the session, not a change of it."""
+    column = getattr(models.Session, mark)
+    conn = await db.core()
+    changed = await conn.execute(
+        update(models.Session)
+        .where(
+            models.Session.id == session_id,
+            models.Session.organization_id == organization_id,
+        )
+        .values({mark: func.coalesce(column, utcnow()) if on else None})
+    )
+    if changed.rowcount == 0:
+        raise session_not_found(session_id)
 
 
 async def delete_session(
