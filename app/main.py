@@ -21,6 +21,7 @@ from app.api.catalog import router as catalog_router
 from app.api.conditional import IfNoneMatchStarMiddleware
 from app.api.docs import install_docs
 from app.api.events import router as events_router
+from app.api.feedback import router as feedback_router
 from app.api.guards import BodyGuardMiddleware, RateLimiter, RateLimitMiddleware
 from app.api.hot import HotRoutes
 from app.api.interactions import router as interactions_router
@@ -78,6 +79,7 @@ def api_router() -> APIRouter:
         tools_router,
         interactions_router,
         agent_router,
+        feedback_router,
     ):
         router.include_router(feature)
     return router
@@ -229,6 +231,7 @@ async def lifespan(parts: Parts, app: FastAPI) -> AsyncIterator[None]:
     metrics_server = None
     if metrics is not None:
         state.database.metrics = state.runner.metrics = dispatcher.metrics = metrics
+        state.metrics = metrics
         watch(metrics, state)
         if parts.settings.metrics_port is not None:
             metrics_server = await serve_metrics_port(

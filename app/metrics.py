@@ -181,6 +181,12 @@ class Metrics(Collector):
             "Bus items this process received, by kind",
             ("kind",),
         )
+        self.feedback = Counters(
+            "evermirror_feedback",
+            "Feedback this process stored on messages, by rating (`none`: a comment"
+            " alone, or feedback removed)",
+            ("rating",),
+        )
         self._requests: dict[tuple[str, str, int], Histogram] = {}
         # Read from the objects that hold them when a scrape comes (`read`).
         self.readers: list[Reader] = []
@@ -227,6 +233,7 @@ class Metrics(Collector):
         yield self.fanout_lag.family()
         yield self.bus_lag.family()
         yield self.bus_notifications.family()
+        yield self.feedback.family()
         for reader in self.readers:
             try:
                 yield reader.family()

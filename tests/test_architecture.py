@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("api", "web"),  # the HTTP edge: routes, dependencies, state, the hot front door
     ("runner",),
     ("interactions",),
-    ("sessions",),
+    ("sessions", "feedback"),
     ("tools",),
     ("messages",),
     ("events",),

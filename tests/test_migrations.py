@@ -24,7 +24,14 @@ from app.db.migrate import alembic_config, downgrade, upgrade
 from app.settings import normalize_database_url
 from tests.support.lanes import LANES, PG_URL
 
-APP_TABLES = {"sessions", "events", "messages", "api_keys", "composer_summaries"}
+APP_TABLES = {
+    "sessions",
+    "events",
+    "messages",
+    "api_keys",
+    "composer_summaries",
+    "feedback",
+}
 
 
 async def _admin(sql: str) -> None:

@@ -14,6 +14,7 @@ from app.catalog.registry import Catalog
 from app.db.reads import Reads
 from app.db.writes import Write
 from app.ids import parse_or_400
+from app.metrics import Metrics
 from app.settings import Settings
 
 
@@ -43,6 +44,15 @@ async def get_reads(request: Request) -> Reads:
 
 # The plain driver statements of the request path (app/db/reads.py).
 ReadsDep = Annotated[Reads, Depends(get_reads)]
+
+
+async def get_metrics(request: Request) -> Metrics | None:
+    metrics: Metrics | None = request.app.state.app.metrics
+    return metrics
+
+
+# None when METRICS_ENABLED is off.
+MetricsDep = Annotated[Metrics | None, Depends(get_metrics)]
 
 
 async def get_catalog(request: Request) -> Catalog:

@@ -10,6 +10,7 @@ from app.db.session import Database
 from app.live.bus import Bus
 from app.live.cache import PageCache
 from app.live.fanout import Fanout
+from app.metrics import Metrics
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ class AppState:
     limits: "StreamLimits"
     admission: "TurnAdmission"
     catalog: Catalog
+    # None when METRICS_ENABLED is off.
+    metrics: Metrics | None = None
     # Set once, when the graceful drain begins (app/ops/drain.py): new streams and
     # turns are refused and /ready answers 503. One attribute read per stream open.
     draining: bool = False

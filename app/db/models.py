@@ -1,4 +1,5 @@
-"""ORM models: sessions, the durable event log, messages (rendered snapshots) and API keys."""
+"""ORM models: sessions, the durable event log, messages (rendered snapshots), API keys,
+the Composer's summaries and feedback on messages."""
 
 import uuid
 from datetime import datetime
@@ -134,3 +135,23 @@ class ComposerSummary(Base):
     last_sequence: Mapped[int] = mapped_column(Integer)
     text: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class Feedback(Base):
+    """A caller's rating and comment on a message: one per message and API key
+    (`key_hash`, empty in open mode)."""
+
+    __tablename__ = "feedback"
+    __table_args__ = (Index(None, "session_id", "key_hash"),)
+
+    message_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("messages.id", ondelete="CASCADE"), primary_key=True
+    )
+    key_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    session_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("sessions.id", ondelete="CASCADE")
+    )
+    rating: Mapped[str | None] = mapped_column(String(8))
+    comment: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime)

@@ -24,12 +24,15 @@ async def table_rows(database: Database) -> Rows:
             models.Event,
             models.ApiKey,
             models.ComposerSummary,
+            models.Feedback,
         ):
             table = model.__table__
             # The runner's lease heartbeat (PostgreSQL) renews `runner_renewed_at`
             # while a turn runs, whatever a request does: not a write of the request.
             columns = [c for c in table.columns if c.name != "runner_renewed_at"]
-            result = await db.execute(select(*columns).order_by(table.c.id))
+            result = await db.execute(
+                select(*columns).order_by(*table.primary_key.columns)
+            )
             out[model.__tablename__] = [tuple(row) for row in result.all()]
     return out
 

@@ -21,7 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PG_URL = os.environ.get("TEST_DATABASE_URL")
 SQLITE, POSTGRESQL = Backend.SQLITE.value, Backend.POSTGRESQL.value
 LANES = [SQLITE] + ([POSTGRESQL] if PG_URL else [])
-TABLES = ("composer_summaries", "events", "messages", "api_keys", "sessions")
+TABLES = (
+    "feedback",
+    "composer_summaries",
+    "events",
+    "messages",
+    "api_keys",
+    "sessions",
+)
 
 NEEDS_POSTGRESQL = "needs PostgreSQL (set TEST_DATABASE_URL)"
 NEEDS_SQLITE = "needs SQLite"
