@@ -30,9 +30,8 @@ async def table_rows(database: Database) -> Rows:
             # The runner's lease heartbeat (PostgreSQL) renews `runner_renewed_at`
             # while a turn runs, whatever a request does: not a write of the request.
             columns = [c for c in table.columns if c.name != "runner_renewed_at"]
-            result = await db.execute(
-                select(*columns).order_by(*table.primary_key.columns)
-            )
+            keys = [c for c in table.columns if c.primary_key]
+            result = await db.execute(select(*columns).order_by(*keys))
             out[model.__tablename__] = [tuple(row) for row in result.all()]
     return out
 
