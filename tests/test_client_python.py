@@ -225,6 +225,31 @@ async def test_pages_follow_the_seed_and_walk_back(keyed_server: KeyedServer) ->
         assert page.items == raw.json()["data"]
 
 
+async def test_pin_archive_and_feedback(keyed_server: KeyedServer) -> None:
+    async with make_client(keyed_server) as client:
+        session = await client.create_session(title="marks")
+        await session.send("rate this")
+        await wait_idle(session)
+        await session.pin()
+        await session.archive()
+        info = await session.get()
+        assert info["is_pinned"] is True
+        assert "archived_at" in info
+        listed = await client.list_sessions(archived_only=True)
+        assert [s["id"] for s in listed["data"]] == [session.id]
+        await session.pin(False)
+        await session.archive(False)
+        info = await session.get()
+        assert info["is_pinned"] is False
+        assert "archived_at" not in info
+        agent = (await session.messages()).items[1]["id"]
+        rated = await session.rate(agent, "good", "clear")
+        assert (rated["rating"], rated["comment"]) == ("good", "clear")
+        assert [f["message_id"] for f in await session.feedback()] == [agent]
+        await session.rate(agent, None)
+        assert await session.feedback() == []
+
+
 async def test_errors_carry_the_problem_fields(keyed_server: KeyedServer) -> None:
     async with make_client(keyed_server) as client:
         with pytest.raises(EvermirrorError) as caught:

@@ -52,9 +52,21 @@ export interface SessionInfo {
   self_url?: string;
   view_url?: string;
   ui_link?: string;
+  is_pinned?: boolean;
+  archived_at?: string;
   created_at: string;
   updated_at?: string;
   [key: string]: unknown;
+}
+
+/** A key's feedback on a message (`created_at`/`updated_at` absent once removed). */
+export interface Feedback {
+  session_id: string;
+  message_id: string;
+  rating: "good" | "bad" | null;
+  comment: string | null;
+  created_at?: string;
+  updated_at?: string;
 }
 
 export interface SessionsPage {
@@ -301,6 +313,17 @@ export class Session {
   get(options?: Signal): Promise<SessionInfo>;
   update(patch: Record<string, unknown>, options?: Signal): Promise<SessionInfo>;
   delete(options?: Signal): Promise<void>;
+  /** Pins (true, the default) or unpins (false) the session. */
+  pin(pinned?: boolean, options?: Signal): Promise<void>;
+  /** Archives (true, the default) or unarchives (false) the session. */
+  archive(archived?: boolean, options?: Signal): Promise<void>;
+  /** This key's feedback on a message; no rating and no comment remove it. */
+  rate(
+    messageId: string,
+    options?: { rating?: "good" | "bad" | null; comment?: string } & Signal,
+  ): Promise<Feedback>;
+  /** This key's feedback on the session's messages, in their order. */
+  feedback(options?: Signal): Promise<Feedback[]>;
   messages(
     options?: { limit?: number; before_sequence?: number; include_internal?: boolean } & Signal,
   ): Promise<SessionMessagePage>;

@@ -136,6 +136,28 @@ export class Session {
     await this.client.request("DELETE", this.path(), { signal });
   }
 
+  /** `PUT` (true) or `DELETE` (false) `.../pin`: the session's `is_pinned`. */
+  async pin(pinned = true, { signal } = {}) {
+    await this.client.request(pinned ? "PUT" : "DELETE", this.path("/pin"), { signal });
+  }
+
+  /** `PUT` (true) or `DELETE` (false) `.../archive`: out of the default session list. */
+  async archive(archived = true, { signal } = {}) {
+    await this.client.request(archived ? "PUT" : "DELETE", this.path("/archive"), { signal });
+  }
+
+  /** This key's feedback on a message: `rating` good, bad or null, and an optional
+   * comment; no rating and no comment remove it. */
+  rate(messageId, { rating = null, comment, signal } = {}) {
+    const path = this.path(`/messages/${encodeURIComponent(messageId)}/feedback`);
+    return this.client.request("PUT", path, { body: { rating, comment }, signal });
+  }
+
+  /** This key's feedback on the session's messages, in their order. */
+  async feedback({ signal } = {}) {
+    return (await this.client.request("GET", this.path("/feedback"), { signal })).data;
+  }
+
   /** The seed's `SessionMessagePage`, plus `cursor`: the stream position it was read at. */
   async messages({ limit, before_sequence, include_internal, signal } = {}) {
     const body = await this.client.request("GET", this.path("/messages"), {

@@ -64,6 +64,30 @@ describe("requests", { timeout: 60_000 }, () => {
     assert.deepEqual(page.items, raw.data);
   });
 
+  test("pin, archive, rate and feedback()", async () => {
+    const session = await client().createSession({ title: "marks" });
+    await session.send("rate this");
+    await waitIdle(session);
+    await session.pin();
+    await session.archive();
+    let info = await session.get();
+    assert.equal(info.is_pinned, true);
+    assert.equal(typeof info.archived_at, "string");
+    const listed = await client().listSessions({ archived_only: true });
+    assert.deepEqual(listed.data.map((s) => s.id), [session.id]);
+    await session.pin(false);
+    await session.archive(false);
+    info = await session.get();
+    assert.equal(info.is_pinned, false);
+    assert.equal(info.archived_at, undefined);
+    const agent = (await session.messages()).items[1].id;
+    const rated = await session.rate(agent, { rating: "good", comment: "clear" });
+    assert.deepEqual([rated.rating, rated.comment], ["good", "clear"]);
+    assert.deepEqual((await session.feedback()).map((f) => f.message_id), [agent]);
+    await session.rate(agent, { rating: null });
+    assert.deepEqual(await session.feedback(), []);
+  });
+
   test("send with client_message_id is idempotent; a different body is a typed 409", async () => {
     const session = await client().createSession();
     const first = await session.send("hello", { client_message_id: "c-1" });

@@ -249,6 +249,32 @@ class Session:
     async def delete(self) -> None:
         await self.client.request("DELETE", self._path())
 
+    async def pin(self, pinned: bool = True) -> None:
+        """`PUT` (True) or `DELETE` (False) `.../pin`: the session's `is_pinned`."""
+        await self.client.request("PUT" if pinned else "DELETE", self._path("/pin"))
+
+    async def archive(self, archived: bool = True) -> None:
+        """`PUT` (True) or `DELETE` (False) `.../archive`: out of the default list."""
+        await self.client.request(
+            "PUT" if archived else "DELETE", self._path("/archive")
+        )
+
+    async def rate(
+        self,
+        message_id: str,
+        rating: Literal["good", "bad"] | None,
+        comment: str | None = None,
+    ) -> dict[str, Any]:
+        """This key's feedback on a message; no rating and no comment remove it."""
+        path = self._path(f"/messages/{quote(message_id, safe='')}/feedback")
+        body = {"rating": rating, "comment": comment}
+        return cast(dict[str, Any], await self.client.request("PUT", path, body=body))
+
+    async def feedback(self) -> list[dict[str, Any]]:
+        """This key's feedback on the session's messages, in their order."""
+        answer = await self.client.request("GET", self._path("/feedback"))
+        return cast(list[dict[str, Any]], answer["data"])
+
     async def messages(
         self,
         *,
