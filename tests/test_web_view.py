@@ -39,7 +39,7 @@ from tests.support.browser import (
 from tests.support.lanes import ROOT
 from tests.support.problems import assert_problem
 from tests.support.servers import Server, live_server_fixture
-from tests.support.waits import wait_idle
+from tests.support.waits import wait_idle, wait_until
 from tests.test_approvals import ASK, GUARDED
 
 if TYPE_CHECKING:
@@ -626,3 +626,73 @@ async def test_an_unknown_session_says_so(page: "Page", live_server: Server) -> 
     )
     assert await page.is_disabled("#text")
     assert await page.is_disabled("#send")
+
+
+# ---- feedback, pin and archive ---------------------------------------------------------
+
+
+async def test_thumbs_rate_an_answer_and_survive_a_reload(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api)
+    await open_chat(page, live_server.url, session_id)
+    await send(page, "rate me")
+    await wait_converged(page, api, session_id)
+    agent = page.locator('#list > .message[data-role="agent"]')
+    # Only finished agent messages carry the buttons.
+    assert (
+        await page.locator('#list > .message[data-role="user"] .feedback').count() == 0
+    )
+    good = agent.locator('.rate[data-rating="good"]')
+    await good.click()
+    await page.wait_for_selector('.rate[data-rating="good"][aria-pressed="true"]')
+
+    async def stored() -> list[str | None]:
+        answer = await api.get(f"/v1/sessions/{session_id}/feedback")
+        return [row["rating"] for row in answer.json()["data"]]
+
+    async def rated_good() -> bool:
+        return await stored() == ["good"]
+
+    async def taken_back() -> bool:
+        return await stored() == []
+
+    await wait_until(rated_good, "the rating stored")
+    await page.reload()
+    await page.wait_for_selector('.rate[data-rating="good"][aria-pressed="true"]')
+    assert (
+        await agent.locator('.rate[data-rating="bad"]').get_attribute("aria-pressed")
+        == "false"
+    )
+    # Pressing the given rating again takes it back.
+    await agent.locator('.rate[data-rating="good"]').click()
+    await page.wait_for_selector('.rate[data-rating="good"][aria-pressed="false"]')
+    await wait_until(taken_back, "the rating taken back")
+
+
+async def test_the_list_pins_and_archives(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api, title="to archive")
+    await page.goto(f"{live_server.url}/sessions")
+    row = page.locator(f'tr[data-session-id="{session_id}"]')
+    await row.locator("button.mark.pin").click()
+    await page.wait_for_selector(
+        f'tr[data-session-id="{session_id}"][data-pinned="true"]'
+    )
+    assert (await api.get(f"/v1/sessions/{session_id}")).json()["is_pinned"] is True
+    await page.locator(
+        f'tr[data-session-id="{session_id}"] button.mark.archive'
+    ).click()
+    await page.wait_for_selector(
+        f'tr[data-session-id="{session_id}"]', state="detached"
+    )
+    assert "archived_at" in (await api.get(f"/v1/sessions/{session_id}")).json()
+    await page.check("#archived")
+    archived = page.locator(f'tr[data-session-id="{session_id}"][data-archived="true"]')
+    await archived.wait_for()
+    await archived.locator("button.mark.archive").click()
+    await page.wait_for_selector(
+        f'tr[data-session-id="{session_id}"]', state="detached"
+    )
+    assert "archived_at" not in (await api.get(f"/v1/sessions/{session_id}")).json()

@@ -33,7 +33,7 @@ let unavailable = false;
 // so a retry the service did receive is not stored twice.
 let attempt;
 
-const list = new MessageList($("#list"), { respond });
+const list = new MessageList($("#list"), { respond, rate });
 
 function notice(text) {
   $("#notice").textContent = text ?? "";
@@ -167,6 +167,31 @@ async function respond(interactionId, decision) {
   }
 }
 
+/** Thumbs up / down: shown at once, taken back if the service refuses it. */
+async function rate(messageId, rating) {
+  const ratings = list.context.ratings;
+  const before = ratings.get(messageId) ?? null;
+  ratings.set(messageId, rating);
+  list.render(view.messages, { force: true });
+  try {
+    await session.rate(messageId, { rating });
+  } catch (error) {
+    ratings.set(messageId, before);
+    notice(`Feedback not saved: ${describe(error)}`);
+    list.render(view.messages, { force: true });
+  }
+}
+
+/** This key's earlier ratings of the session's messages. */
+async function loadRatings() {
+  try {
+    for (const given of await session.feedback()) list.context.ratings.set(given.message_id, given.rating);
+    if (view) list.render(view.messages, { force: true });
+  } catch (error) {
+    notice(`Earlier feedback could not be read: ${describe(error)}`);
+  }
+}
+
 /** The session and its live view, asking for a key for as long as the service
  * refuses the one held. */
 async function open() {
@@ -202,6 +227,7 @@ async function open() {
   notice("");
   view = new SyncView(session, { limit, include_internal: false, onChange: scheduleRender });
   scheduleRender();
+  loadRatings();
   textBox.focus();
   view.done.then(() => {
     const error = view.error;

@@ -250,13 +250,36 @@ function metaNode(message) {
   );
 }
 
+/** Thumbs up / down on a finished agent message: this key's rating, pressed when
+ * given; pressing the given one again takes it back. */
+function feedbackNode(message, context) {
+  const given = context.ratings.get(message.id) ?? null;
+  const button = (rating, text, label) =>
+    el("button", {
+      type: "button",
+      class: `rate ${rating}`,
+      dataset: { rating },
+      text,
+      title: label,
+      "aria-label": label,
+      "aria-pressed": String(given === rating),
+      onclick: () => context.rate(message.id, given === rating ? null : rating),
+    });
+  return el(
+    "div",
+    { class: "feedback" },
+    button("good", "👍", "Good answer"),
+    button("bad", "👎", "Bad answer"),
+  );
+}
+
 /** The rendered messages, keyed by id: a message is rebuilt only when the view hands
  * a new object for it, and a part only when it changed (an opened reasoning part
  * stays open while its message streams on). */
 export class MessageList {
   constructor(container, context) {
     this.container = container;
-    this.context = { responding: new Set(), failures: new Map(), ...context };
+    this.context = { responding: new Set(), failures: new Map(), ratings: new Map(), ...context };
     this.nodes = new Map(); // message id -> {message, node, parts: Map<key, {signature, node}>}
   }
 
@@ -326,6 +349,9 @@ export class MessageList {
     });
     if (message.state === "streaming" && children.length === 1) {
       children.push(el("div", { class: "part typing", "aria-label": "The agent is writing", text: "…" }));
+    }
+    if (message.role === "agent" && message.state !== "streaming" && this.context.rate) {
+      children.push(feedbackNode(message, this.context));
     }
     entry.parts = parts;
     node.replaceChildren(...children);

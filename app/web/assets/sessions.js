@@ -15,14 +15,41 @@ function chatHref(id) {
 function row(session) {
   const anchor = el("a", { text: session.title || "Untitled session" });
   anchor.href = chatHref(session.id);
+  const archived = session.archived_at !== undefined;
+  const mark = (what, on, text) =>
+    el("button", {
+      type: "button",
+      class: `mark ${what}`,
+      text,
+      onclick: () => toggle(session.id, what, on),
+    });
   return el(
     "tr",
-    { dataset: { sessionId: session.id } },
-    el("td", {}, anchor),
+    { dataset: { sessionId: session.id, pinned: String(session.is_pinned === true), archived: String(archived) } },
+    el("td", {}, session.is_pinned ? el("span", { class: "pin", title: "Pinned", text: "📌 " }) : null, anchor),
     el("td", { text: session.status }),
     el("td", {}, timeOf(session.updated_at)),
     el("td", { class: "id mono", text: session.id }),
+    el(
+      "td",
+      { class: "marks" },
+      mark("pin", !session.is_pinned, session.is_pinned ? "Unpin" : "Pin"),
+      mark("archive", !archived, archived ? "Unarchive" : "Archive"),
+    ),
   );
+}
+
+/** Pin or archive a session (or undo it), then list again. */
+async function toggle(id, what, on) {
+  try {
+    await withKey((client) => {
+      const handle = client.session(id);
+      return what === "pin" ? handle.pin(on) : handle.archive(on);
+    });
+    await load();
+  } catch (error) {
+    $("#notice").textContent = `Not changed: ${describe(error)}`;
+  }
 }
 
 /** Runs `call` with a client, asking for a key for as long as the service refuses
@@ -44,6 +71,7 @@ async function load() {
   try {
     const query = { offset, limit: LIMIT, order: "last_activity" };
     if (search) query.search = search;
+    if ($("#archived").checked) query.archived_only = true;
     const page = await withKey((client) => client.listSessions(query));
     $("#notice").textContent = "";
     $("#rows").replaceChildren(...page.data.map(row));
@@ -71,6 +99,10 @@ $("#create").addEventListener("submit", async (event) => {
 $("#search").addEventListener("submit", (event) => {
   event.preventDefault();
   search = $("#search-input").value.trim();
+  offset = 0;
+  load();
+});
+$("#archived").addEventListener("change", () => {
   offset = 0;
   load();
 });
