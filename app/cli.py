@@ -299,6 +299,38 @@ def keys(args: argparse.Namespace) -> int:
     return asyncio.run(_keys(args))
 
 
+async def _purge(args: argparse.Namespace) -> int:
+    from app.db.session import Database
+    from app.ids import format_id
+    from app.live.bus import create_bus
+    from app.sessions import retention
+
+    settings = get_settings()
+    database = Database.from_settings(settings)
+    # Deletions are announced like the service's own: running servers end the deleted
+    # sessions' streams (PostgreSQL; SQLite servers find them gone on their next read).
+    database.hooks = create_bus(settings.backend, settings.database_url)
+    try:
+        if args.dry_run:
+            found = await retention.expired(database, settings)
+        else:
+            found = await retention.purge(database, settings)
+        for item in found:
+            print(
+                f"{format_id('session', item.session_id)}\t"
+                f"{format_id('org', item.organization_id)}\t{item.reason}"
+            )
+        verb = "would be purged" if args.dry_run else "purged"
+        print(f"{len(found)} session(s) {verb}", file=sys.stderr)
+        return 0
+    finally:
+        await database.dispose()
+
+
+def purge(args: argparse.Namespace) -> int:
+    return asyncio.run(_purge(args))
+
+
 def openapi(args: argparse.Namespace) -> int:
     from app.main import create_app
 
@@ -438,6 +470,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_tail.set_defaults(func=tail)
 
+    p_purge = commands.add_parser(
+        "purge",
+        help="delete the sessions past their expires_at or SESSION_RETENTION_DAYS now;"
+        " prints each (id, organization, reason)",
+    )
+    p_purge.add_argument(
+        "--dry-run", action="store_true", help="list what would go; delete nothing"
+    )
+    p_purge.set_defaults(func=purge)
     p_openapi = commands.add_parser("openapi", help="write the OpenAPI document")
     p_openapi.add_argument(
         "--output", default="-", help="a file to write (default: standard output)"

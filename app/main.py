@@ -1,6 +1,7 @@
 """Application factory and lifespan: database, bus, key resolver and turn runner."""
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator
@@ -59,6 +60,7 @@ from app.ops import drain
 from app.ops.ready import readiness
 from app.runner.runner import TurnRunner
 from app.schemas import JSON_VALUE_SCHEMA
+from app.sessions import retention
 from app.settings import Settings, get_settings
 from app.telemetry import logs, traces
 from app.web.router import create_router as web_router
@@ -239,9 +241,20 @@ async def lifespan(parts: Parts, app: FastAPI) -> AsyncIterator[None]:
             )
     parts.hot.state = state
     drain.register(state)
+    purges = asyncio.create_task(
+        retention.run_purges(
+            state.database,
+            parts.settings,
+            None if metrics is None else metrics.sessions_purged.inc_by,
+        ),
+        name="purges",
+    )
     try:
         yield
     finally:
+        purges.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await purges
         drain.unregister(state)
         parts.hot.state = None
         if metrics_server is not None:

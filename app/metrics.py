@@ -110,6 +110,10 @@ class Counters:
     def inc(self, labels: tuple[str, ...] = (), amount: float = 1.0) -> None:
         self.by_labels[labels] = self.by_labels.get(labels, 0.0) + amount
 
+    def inc_by(self, amount: float) -> None:
+        """`inc` of the unlabelled series, by `amount`."""
+        self.inc((), amount)
+
     def family(self) -> Metric:
         family = CounterMetricFamily(self.name, self.help, labels=self.labels)
         for labels, value in self.by_labels.items():
@@ -187,6 +191,11 @@ class Metrics(Collector):
             " alone, or feedback removed)",
             ("rating",),
         )
+        self.sessions_purged = Counters(
+            "evermirror_sessions_purged",
+            "Sessions this process's purge deleted (expires_at passed, or no activity"
+            " for SESSION_RETENTION_DAYS)",
+        )
         self._requests: dict[tuple[str, str, int], Histogram] = {}
         # Read from the objects that hold them when a scrape comes (`read`).
         self.readers: list[Reader] = []
@@ -234,6 +243,7 @@ class Metrics(Collector):
         yield self.bus_lag.family()
         yield self.bus_notifications.family()
         yield self.feedback.family()
+        yield self.sessions_purged.family()
         for reader in self.readers:
             try:
                 yield reader.family()

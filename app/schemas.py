@@ -213,7 +213,10 @@ RFC3339_PREFIX = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}")
 
 def _rfc3339_only(value: Any) -> Any:
     """Pydantic would read `0.5` or `1700000000` as a Unix time: only RFC 3339 here."""
-    if isinstance(value, str) and not RFC3339_PREFIX.match(value):
+    if value is None or isinstance(value, datetime):
+        return value
+    # A number in a JSON body is refused too, not only one in a query string.
+    if not isinstance(value, str) or not RFC3339_PREFIX.match(value):
         raise PydanticCustomError("timestamp_format", "expected an RFC 3339 timestamp")
     return value
 

@@ -158,6 +158,13 @@ class Settings(BaseSettings):
     # that does not say): the budget the Composer fits history into
     # (app/runner/composer.py), the reply's share included.
     model_context_tokens: int = Field(default=128_000, ge=1_000, le=10_000_000)
+    # Retention (app/sessions/retention.py): sessions without activity for this many
+    # days are purged with their messages and events (unset: kept, unless a session's
+    # own `expires_at` has passed). The purge runs every PURGE_INTERVAL_SECONDS on each
+    # process, deleting PURGE_BATCH sessions per transaction.
+    session_retention_days: int | None = Field(default=None, ge=1, le=36_500)
+    purge_interval_seconds: float = Field(default=3600.0, gt=0)
+    purge_batch: int = Field(default=200, ge=1, le=10_000)
     # PostgreSQL: how often a node sweeps for turns whose runner died, and how long a
     # runner must have gone without renewing its lease before another node takes the
     # turn over. The lease is renewed every fifth of it (at least once a second).

@@ -49,6 +49,9 @@ class Session(Base):
     # Set by PUT .../pin and .../archive, cleared by their DELETE.
     pinned_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     archived_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    # When the purge deletes the session (app/sessions/retention.py); None: never, but
+    # for SESSION_RETENTION_DAYS.
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime, index=True)
 
 
 class Event(Base):

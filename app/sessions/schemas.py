@@ -15,6 +15,7 @@ from app.schemas import (
     Schema,
     Tags,
     Title,
+    UtcTimestamp,
 )
 from app.tools.schemas import Tools
 
@@ -52,6 +53,12 @@ ACTION_NOTE = (
 # (settings, checked by app/api/guards.py).
 
 
+EXPIRES_NOTE = (
+    "When the purge deletes the session with its messages and events, whatever its"
+    " activity (RFC 3339)."
+)
+
+
 class SessionCreate(InputSchema):
     title: Title | None = None
     tags: Tags | None = None
@@ -67,6 +74,7 @@ class SessionCreate(InputSchema):
     metadata: JsonObject | None = Field(default=None, description=FREE_JSON_NOTE)
     max_iterations: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
     source: Literal["chat", "api"] | None = None
+    expires_at: UtcTimestamp = Field(default=None, description=EXPIRES_NOTE)
 
     _integer = field_validator("max_iterations", mode="before")(_json_integer)
 
@@ -83,6 +91,9 @@ class SessionCreate(InputSchema):
 class SessionUpdate(InputSchema):
     title: Title | None = None
     tags: Tags | None = None
+    expires_at: UtcTimestamp = Field(
+        default=None, description=EXPIRES_NOTE + " `null`: never."
+    )
     goal: str | None = Field(default=None, description=LONG_TEXT_NOTE)
     locale: Label | None = None
     model_id: str | None = Field(
@@ -129,6 +140,7 @@ class Session(Schema):
     finished_at: str | None = None
     is_pinned: bool = False
     archived_at: str | None = None
+    expires_at: str | None = None
     usage: TokenUsage | None = Field(
         default=None,
         description="Cumulative token usage of every model call in this session.",

@@ -71,6 +71,8 @@ def session_wire(session: models.Session, base_url: str) -> dict[str, Any]:
     body["is_pinned"] = session.pinned_at is not None
     if session.archived_at is not None:
         body["archived_at"] = wire.timestamp(session.archived_at)
+    if session.expires_at is not None:
+        body["expires_at"] = wire.timestamp(session.expires_at)
     body["self_url"] = f"{base_url}/v1/sessions/{sid}"
     # The UI is not under the API's `/api` mount (upstream: `.../sessions/<id>/chat`).
     ui_root = base_url.removesuffix("/api")
@@ -92,7 +94,10 @@ async def create_session(
         "title": data.title,
         "status": "started",
         "tags": data.tags or [],
-        "attributes": {k: v for k, v in fields.items() if k not in ("title", "tags")},
+        "attributes": {
+            k: v for k, v in fields.items() if k not in ("title", "tags", "expires_at")
+        },
+        "expires_at": data.expires_at,
         "last_sequence": 0,
         "last_input_sequence": 0,
         "visible_message_count": 0,
@@ -216,6 +221,8 @@ async def update_session(
         session.title = changes["title"]
     if "tags" in changes:
         session.tags = changes["tags"] or []
+    if "expires_at" in changes:
+        session.expires_at = data.expires_at
     attributes = dict(session.attributes)
     for key in (
         "goal",
@@ -236,6 +243,7 @@ async def update_session(
             title=session.title,
             tags=session.tags,
             attributes=session.attributes,
+            expires_at=session.expires_at,
             updated_at=session.updated_at,
         )
     )
