@@ -27,6 +27,8 @@ let view;
 let sending = false;
 let loadingOlder = false;
 let renderScheduled = false;
+// Every message is rebuilt at the next render (ratings read), keeping the scroll.
+let rebuild = false;
 // The session cannot be shown (not found, or refused): nothing will connect.
 let unavailable = false;
 // The id sent with a text, reused when the same text is sent again after a failure,
@@ -82,7 +84,8 @@ function render() {
     // What the reader looks at stays put when an older page goes in above it.
     const anchor = list.first;
     const anchorTop = anchor?.getBoundingClientRect().top;
-    list.render(view.messages);
+    list.render(view.messages, { force: rebuild });
+    rebuild = false;
     if (atBottom) box.scrollTop = box.scrollHeight;
     else if (anchor?.isConnected) box.scrollTop += anchor.getBoundingClientRect().top - anchorTop;
   }
@@ -186,7 +189,8 @@ async function rate(messageId, rating) {
 async function loadRatings() {
   try {
     for (const given of await session.feedback()) list.context.ratings.set(given.message_id, given.rating);
-    if (view) list.render(view.messages, { force: true });
+    rebuild = true;
+    scheduleRender();
   } catch (error) {
     notice(`Earlier feedback could not be read: ${describe(error)}`);
   }
