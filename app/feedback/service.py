@@ -3,6 +3,7 @@ comments on messages of its organization's sessions and sees only its own feedba
 Services never commit: the caller's unit of work does."""
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Uuid, bindparam, delete, select, text
@@ -12,10 +13,9 @@ from app import wire
 from app.db import models
 from app.db.types import UtcDateTime, utcnow
 from app.db.writes import Write
-from app.errors import MessageNotFound
 from app.feedback import schemas
 from app.ids import format_id
-from app.journal.sessions import owned
+from app.journal.sessions import message_not_found, owned
 
 # One statement on both databases: a second rating by the same caller replaces the
 # first, however close together the two arrive.
@@ -35,6 +35,26 @@ _UPSERT = (
     )
     .columns(created_at=UtcDateTime(), updated_at=UtcDateTime())
 )
+
+
+def _wire(
+    session_id: uuid.UUID,
+    message_id: uuid.UUID,
+    rating: str | None,
+    comment: str | None,
+    times: tuple[datetime, datetime] | None,
+) -> dict[str, Any]:
+    """Feedback as the routes answer it (no times once it was removed)."""
+    body: dict[str, Any] = {
+        "session_id": format_id("session", session_id),
+        "message_id": format_id("message", message_id),
+        "rating": rating,
+        "comment": comment,
+    }
+    if times is not None:
+        body["created_at"] = wire.timestamp(times[0])
+        body["updated_at"] = wire.timestamp(times[1])
+    return body
 
 
 def caller_key(key_hash: str | None) -> str:
@@ -60,7 +80,7 @@ async def _check_message(
         )
     ).one_or_none()
     if owned(row, organization_id, session_id).id is None:
-        raise MessageNotFound(f"Message {format_id('message', message_id)} not found")
+        raise message_not_found(message_id)
 
 
 async def rate(
@@ -76,12 +96,6 @@ async def rate(
     comment), and return it as the wire shows it."""
     conn = await db.core()
     await _check_message(conn, organization_id, session_id, message_id)
-    body: dict[str, Any] = {
-        "session_id": format_id("session", session_id),
-        "message_id": format_id("message", message_id),
-        "rating": data.rating,
-        "comment": data.comment,
-    }
     if data.rating is None and data.comment is None:
         await conn.execute(
             delete(models.Feedback).where(
@@ -89,7 +103,7 @@ async def rate(
                 models.Feedback.key_hash == key,
             )
         )
-        return body
+        return _wire(session_id, message_id, None, None, None)
     stored = (
         await conn.execute(
             _UPSERT,
@@ -103,9 +117,13 @@ async def rate(
             },
         )
     ).one()
-    body["created_at"] = wire.timestamp(stored.created_at)
-    body["updated_at"] = wire.timestamp(stored.updated_at)
-    return body
+    return _wire(
+        session_id,
+        message_id,
+        data.rating,
+        data.comment,
+        (stored.created_at, stored.updated_at),
+    )
 
 
 async def list_feedback(
@@ -134,15 +152,13 @@ async def list_feedback(
         )
         .order_by(models.Message.sequence)
     )
-    sid = format_id("session", session_id)
     return [
-        {
-            "session_id": sid,
-            "message_id": format_id("message", row.message_id),
-            "rating": row.rating,
-            "comment": row.comment,
-            "created_at": wire.timestamp(row.created_at),
-            "updated_at": wire.timestamp(row.updated_at),
-        }
+        _wire(
+            session_id,
+            row.message_id,
+            row.rating,
+            row.comment,
+            (row.created_at, row.updated_at),
+        )
         for row in rows
     ]

@@ -9,7 +9,7 @@ from sqlalchemy import bindparam, func, select, update
 from app.db import models
 from app.db.rows import LockedSession
 from app.db.writes import Write
-from app.errors import SessionNotFound
+from app.errors import MessageNotFound, SessionNotFound
 from app.ids import format_id
 
 
@@ -25,6 +25,10 @@ def session_not_found(session_id: uuid.UUID) -> SessionNotFound:
     """The 404 of a session that does not exist, was deleted, or belongs to another
     organization (indistinguishable on purpose)."""
     return SessionNotFound(f"Session {format_id('session', session_id)} not found")
+
+
+def message_not_found(message_id: uuid.UUID) -> MessageNotFound:
+    return MessageNotFound(f"Message {format_id('message', message_id)} not found")
 
 
 async def lock_session(db: Write, session_id: uuid.UUID) -> LockedSession | None:

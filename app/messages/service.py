@@ -13,13 +13,11 @@ from app.db.writes import Write
 from app.errors import (
     ClientMessageIdConflict,
     InvalidRequest,
-    MessageNotFound,
     clip,
 )
-from app.ids import format_id
 from app.journal import checkpoint
 from app.journal.admission import TurnAdmission
-from app.journal.sessions import lock_owned_session, owned
+from app.journal.sessions import lock_owned_session, message_not_found, owned
 from app.live.cache import CachedPage, PageCache
 from app.messages import schemas
 
@@ -302,7 +300,7 @@ async def get_message(
     owned(None if row is None else row.head, organization_id, session_id)
     assert row is not None
     if row.snapshot is None:
-        raise MessageNotFound(f"Message {format_id('message', message_id)} not found")
+        raise message_not_found(message_id)
     cache.store_message(
         session_id, organization_id, row.head.last_sequence, message_id, row.snapshot
     )

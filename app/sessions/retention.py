@@ -15,12 +15,12 @@ like `DELETE /v1/sessions/{id}`: its streams end and every process drops what it
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, delete, or_, select
+from sqlalchemy import Row, Select, delete, or_, select
 
 from app.db import models
 from app.db.dialect import lock_for_transaction
@@ -39,7 +39,9 @@ class Expired:
     reason: str
 
 
-def _expired_query(now: datetime, settings: Settings, limit: int) -> Select[Any]:
+def _expired_query(
+    now: datetime, settings: Settings, limit: int | None = None
+) -> Select[Any]:
     table = models.Session
     due = [table.expires_at <= now]
     if settings.session_retention_days is not None:
@@ -53,8 +55,17 @@ def _expired_query(now: datetime, settings: Settings, limit: int) -> Select[Any]
     )
 
 
-def _reason(expires_at: datetime | None, now: datetime) -> str:
-    return "expires_at" if expires_at is not None and expires_at <= now else "retention"
+def _expired(rows: Iterable[Row[Any]], now: datetime) -> list[Expired]:
+    return [
+        Expired(
+            row.id,
+            row.organization_id,
+            "expires_at"
+            if row.expires_at is not None and row.expires_at <= now
+            else "retention",
+        )
+        for row in rows
+    ]
 
 
 async def expired(
@@ -63,10 +74,7 @@ async def expired(
     """Every session a pass would delete now (the dry run)."""
     now = now or utcnow()
     async with database.read() as db:
-        rows = await db.execute(_expired_query(now, settings, 2**31 - 1))
-        return [
-            Expired(r.id, r.organization_id, _reason(r.expires_at, now)) for r in rows
-        ]
+        return _expired(await db.execute(_expired_query(now, settings)), now)
 
 
 async def purge_batch(
@@ -74,11 +82,6 @@ async def purge_batch(
 ) -> list[Expired]:
     """Delete up to PURGE_BATCH expired sessions in one transaction; what was deleted."""
     now = now or utcnow()
-    # Looked for on a read first: a pass with nothing to delete takes no write lock.
-    async with database.read() as reader:
-        found = await reader.execute(_expired_query(now, settings, 1))
-        if found.first() is None:
-            return []
     async with database.write() as db:
         conn = await db.core()
         await lock_for_transaction(conn, "evermirror.purge")
@@ -91,7 +94,7 @@ async def purge_batch(
         await conn.execute(delete(models.Session).where(models.Session.id.in_(ids)))
         for session_id in ids:
             db.outbox.delete(session_id)
-    return [Expired(r.id, r.organization_id, _reason(r.expires_at, now)) for r in rows]
+    return _expired(rows, now)
 
 
 async def purge(
@@ -101,6 +104,11 @@ async def purge(
 ) -> list[Expired]:
     """One pass: batches until none is left."""
     deleted: list[Expired] = []
+    # Looked for on a read first: a pass with nothing to delete takes no write lock.
+    async with database.read() as reader:
+        due = await reader.execute(_expired_query(utcnow(), settings, 1))
+        if due.first() is None:
+            return deleted
     while True:
         batch = await purge_batch(database, settings)
         if not batch:
@@ -116,11 +124,10 @@ async def run_purges(
     database: Database,
     settings: Settings,
     on_deleted: Callable[[int], None] | None = None,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> None:
     """The process's purge task: a pass every PURGE_INTERVAL_SECONDS, the first soon
     after start-up. A failed pass is logged and tried again at the next interval."""
-    await sleep(min(5.0, settings.purge_interval_seconds))
+    await asyncio.sleep(min(5.0, settings.purge_interval_seconds))
     while True:
         try:
             deleted = await purge(database, settings, on_deleted)
@@ -132,4 +139,4 @@ async def run_purges(
                 settings.purge_interval_seconds,
                 exc,
             )
-        await sleep(settings.purge_interval_seconds)
+        await asyncio.sleep(settings.purge_interval_seconds)

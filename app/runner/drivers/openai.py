@@ -110,6 +110,17 @@ def _reasoning(delta: dict[str, Any]) -> str | None:
     return None
 
 
+def backoff(failure: ProviderError, attempt: int, jitter: bool = True) -> float:
+    """Seconds before the attempt after `attempt`: the provider's Retry-After, else
+    exponential from BACKOFF_BASE_SECONDS (jittered by ±20 %), capped."""
+    if failure.after is not None:
+        return min(failure.after, BACKOFF_CAP_SECONDS)
+    delay: float = BACKOFF_BASE_SECONDS * 2.0 ** (attempt - 1)
+    if jitter:
+        delay *= 0.8 + 0.4 * random.random()
+    return min(delay, BACKOFF_CAP_SECONDS)
+
+
 class OpenAIDriver:
     name = "openai"
 
@@ -156,14 +167,7 @@ class OpenAIDriver:
                 log.warning("summary request failed (%s): %s", failure.code, failure)
                 if not failure.retryable or attempt == attempts:
                     raise ModelError(str(failure)) from failure
-                await asyncio.sleep(
-                    min(
-                        failure.after
-                        if failure.after is not None
-                        else BACKOFF_BASE_SECONDS * 2 ** (attempt - 1),
-                        BACKOFF_CAP_SECONDS,
-                    )
-                )
+                await asyncio.sleep(backoff(failure, attempt, jitter=False))
         raise ModelError("no summary")
 
     async def step(self, turn: Turn) -> AsyncGenerator[ModelEvent, None]:
@@ -175,18 +179,7 @@ class OpenAIDriver:
                     yield event
             except ProviderError as failure:
                 will_retry = failure.retryable and attempt < attempts
-                delay = (
-                    min(
-                        failure.after
-                        if failure.after is not None
-                        else BACKOFF_BASE_SECONDS
-                        * 2 ** (attempt - 1)
-                        * (0.8 + 0.4 * random.random()),
-                        BACKOFF_CAP_SECONDS,
-                    )
-                    if will_retry
-                    else 0.0
-                )
+                delay = backoff(failure, attempt) if will_retry else 0.0
                 log.warning(
                     "model request failed (%s, attempt %d of %d)%s: %s",
                     failure.code,
