@@ -19,6 +19,7 @@ from app import __doc__ as app_doc
 from app.api.agent import card_router, router as agent_router
 from app.api.asgi import Service, TracedService
 from app.api.catalog import router as catalog_router
+from app.api.chat import router as chat_router
 from app.api.conditional import IfNoneMatchStarMiddleware
 from app.api.docs import install_docs
 from app.api.events import router as events_router
@@ -82,6 +83,7 @@ def api_router() -> APIRouter:
         interactions_router,
         agent_router,
         feedback_router,
+        chat_router,
     ):
         router.include_router(feature)
     return router

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("server",),
     ("ops",),  # drain and readiness: read the application state
     ("api", "web"),  # the HTTP edge: routes, dependencies, state, the hot front door
+    ("frontends",),  # other clients' protocols (the AI SDK's) over the session log
     ("runner",),
     ("interactions",),
     ("sessions", "feedback"),

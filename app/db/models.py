@@ -14,7 +14,15 @@ from app.db.types import JsonVariant, UtcDateTime
 
 class Session(Base):
     __tablename__ = "sessions"
-    __table_args__ = (Index(None, "organization_id", "created_at"),)
+    __table_args__ = (
+        Index(None, "organization_id", "created_at"),
+        Index(
+            "ux_sessions_organization_external_id",
+            "organization_id",
+            "external_id",
+            unique=True,
+        ),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
     organization_id: Mapped[uuid.UUID]
@@ -52,6 +60,9 @@ class Session(Base):
     # When the purge deletes the session (app/sessions/retention.py); None: never, but
     # for SESSION_RETENTION_DAYS.
     expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime, index=True)
+    # A frontend's own id for the conversation (the AI SDK's chat id), unique per
+    # organization: `POST /v1/chat` finds the session by it.
+    external_id: Mapped[str | None] = mapped_column(String(200))
 
 
 class Event(Base):

@@ -12,7 +12,7 @@ from app import wire
 from app.db import models
 from app.db.types import utcnow
 from app.db.writes import Write
-from app.ids import format_id, uuid7
+from app.ids import IdParseError, format_id, parse_id, uuid7
 from app.journal.sessions import lock_owned_session, session_not_found
 from app.sessions import schemas
 
@@ -81,7 +81,11 @@ def session_wire(session: models.Session, base_url: str) -> dict[str, Any]:
 
 
 async def create_session(
-    db: Write, *, organization_id: uuid.UUID, data: schemas.SessionCreate
+    db: Write,
+    *,
+    organization_id: uuid.UUID,
+    data: schemas.SessionCreate,
+    external_id: str | None = None,
 ) -> models.Session:
     now = utcnow()
     fields = data.model_dump(exclude_unset=True, exclude_none=True)
@@ -105,10 +109,52 @@ async def create_session(
         "created_at": now,
         "updated_at": now,
         "last_activity_at": now,
+        "external_id": external_id,
     }
     conn = await db.core()
     await conn.execute(insert(models.Session).values(values))
     return models.Session(**values)
+
+
+async def session_for_chat(
+    db: Write, *, organization_id: uuid.UUID, chat_id: str, create: bool
+) -> uuid.UUID | None:
+    """The session a frontend's chat id names: a session id of the organization's
+    (else 404), or the session created for that id on its first use (`create`; else
+    None when there is none yet). Two first uses at once: one insert fails on the
+    unique index, and its unit of work is run again by the caller."""
+    if chat_id.startswith("session_"):
+        try:
+            session_id = parse_id("session", chat_id)
+        except IdParseError:
+            session_id = None
+        if session_id is not None:
+            conn = await db.core()
+            found = await conn.scalar(
+                select(models.Session.id).where(
+                    models.Session.id == session_id,
+                    models.Session.organization_id == organization_id,
+                )
+            )
+            if found is None:
+                raise session_not_found(session_id)
+            return session_id
+    conn = await db.core()
+    existing: uuid.UUID | None = await conn.scalar(
+        select(models.Session.id).where(
+            models.Session.organization_id == organization_id,
+            models.Session.external_id == chat_id,
+        )
+    )
+    if existing is not None or not create:
+        return existing
+    created = await create_session(
+        db,
+        organization_id=organization_id,
+        data=schemas.SessionCreate(source="chat"),
+        external_id=chat_id,
+    )
+    return created.id
 
 
 async def find_session(

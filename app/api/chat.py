@@ -1,0 +1,183 @@
+"""The AI SDK's chat routes (`useChat` with `DefaultChatTransport`): HTTP only; the
+protocol is app/frontends/ai_sdk.py."""
+
+import uuid
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Response
+from sqlalchemy.exc import IntegrityError
+
+from app import wire
+from app.api import endpoints, guards
+from app.api.deps import CallerDep, StateDep
+from app.api.state import AppState
+from app.auth import Caller
+from app.errors import BODY_PROBLEMS, Draining, InvalidRequest, problem_responses
+from app.frontends import ai_sdk, answers as answers_service, runs
+from app.ids import format_id, parse_id
+from app.live import frames
+from app.live.response import EventStreamResponse
+from app.sessions import service as sessions
+
+router = APIRouter(tags=["frontends"])
+
+UI_STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The UI message stream, v1 (`x-vercel-ai-ui-message-stream`): "
+        "one chunk per `data:` line, then `data: [DONE]`.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
+
+ChatIdPath = Annotated[
+    str, Path(pattern=ai_sdk.CHAT_ID_PATTERN, description="The chat's id")
+]
+
+
+@router.post(
+    "/chat",
+    response_class=EventStreamResponse,
+    responses={
+        **UI_STREAM_RESPONSES,
+        **problem_responses(400, 401, 404, 409, 422, 429, *BODY_PROBLEMS),
+    },
+)
+async def chat(
+    data: ai_sdk.ChatRequest, state: StateDep, caller: CallerDep
+) -> EventStreamResponse:
+    """The AI SDK's chat endpoint: stores the last message (the user's; its UI id is
+    its `client_message_id`, so a message sent again is not stored twice) in the
+    session the chat id names (created on first use), and streams the reply of the
+    turn it started or joined as UI message chunks."""
+    if state.draining:
+        raise Draining("streams")
+    if data.trigger != "submit-message":
+        raise InvalidRequest(
+            "trigger: only submit-message is served; regenerate-message is not"
+        )
+    if data.messages[-1].role == "assistant":
+        return await _answer(state, caller, data)
+    try:
+        message = ai_sdk.user_message(data)
+    except ai_sdk.UnsupportedPart as exc:
+        raise InvalidRequest(
+            f"messages: a user message part of type {exc} cannot be stored; "
+            "text parts and image files can"
+        ) from exc
+    if message is None:
+        raise InvalidRequest(
+            "messages: the last message must be the user's, or the assistant's "
+            "with answers to its approvals and tool calls"
+        )
+    endpoints.accept_message(state, message)
+    session_id = await _session(state, caller, data.id, create=True)
+    assert session_id is not None
+    snapshot = wire.loads(
+        await endpoints.store_message(
+            state, caller.organization_id, session_id, message
+        )
+    )
+    turn_id = parse_id("turn", snapshot["turn_id"])
+    cursor = await runs.turn_cursor(state.database, session_id, turn_id)
+    return _turn_stream(state, caller, session_id, turn_id, cursor)
+
+
+async def _answer(
+    state: AppState, caller: Caller, data: ai_sdk.ChatRequest
+) -> EventStreamResponse:
+    """The last message is the assistant's, carrying the user's decisions on its
+    approvals and the outputs of the tools the frontend ran: apply those the turn
+    waits for, then stream the rest of the turn (what the frontend holds is not sent
+    again)."""
+    answers = ai_sdk.answers(data.messages[-1])
+    for index, (_, output, _) in enumerate(answers.outputs):
+        guards.check_json_field(f"messages.output.{index}", output, state.settings)
+    session_id = await _session(state, caller, data.id, create=False)
+    if session_id is None:
+        raise InvalidRequest("id: no chat of this id has started")
+    async with state.database.write() as db:
+        applied = await answers_service.apply(
+            db,
+            organization_id=caller.organization_id,
+            session_id=session_id,
+            answers=answers,
+        )
+    return _turn_stream(
+        state, caller, session_id, applied.turn_id, applied.cursor, applied.held
+    )
+
+
+@router.get(
+    "/chat/{chat_id}/stream",
+    response_class=EventStreamResponse,
+    responses={
+        **UI_STREAM_RESPONSES,
+        204: {"description": "No turn is running in the chat's session."},
+        **problem_responses(401, 404, 429),
+    },
+)
+async def resume_chat(
+    chat_id: ChatIdPath, state: StateDep, caller: CallerDep
+) -> Response:
+    """The AI SDK's resume: the running turn's reply from its start (the SDK replaces
+    the partial message it holds), read from the session's log, so it resumes on any
+    process; 204 when nothing runs."""
+    if state.draining:
+        raise Draining("streams")
+    session_id = await _session(state, caller, chat_id, create=False)
+    if session_id is None:
+        return Response(status_code=204)
+    turn_id = await runs.running_turn(state.database, session_id)
+    if turn_id is None:
+        return Response(status_code=204)
+    cursor = await runs.turn_cursor(state.database, session_id, turn_id)
+    return _turn_stream(state, caller, session_id, turn_id, cursor)
+
+
+async def _session(
+    state: AppState, caller: Caller, chat_id: str, *, create: bool
+) -> uuid.UUID | None:
+    for attempt in range(2):
+        try:
+            async with state.database.write() as db:
+                return await sessions.session_for_chat(
+                    db,
+                    organization_id=caller.organization_id,
+                    chat_id=chat_id,
+                    create=create,
+                )
+        except IntegrityError:
+            # Another request created the chat's session first: find it.
+            if attempt:
+                raise
+    return None
+
+
+def _turn_stream(
+    state: AppState,
+    caller: Caller,
+    session_id: uuid.UUID,
+    turn_id: uuid.UUID,
+    cursor: int,
+    held: Sequence[tuple[uuid.UUID, list[dict[str, Any]]]] = (),
+) -> EventStreamResponse:
+    slot = state.limits.acquire(session_id, "ai_sdk")
+    mutations = runs.turn_mutations(
+        database=state.database,
+        fanout=state.fanout,
+        session_id=session_id,
+        after=cursor,
+        retry_ms=state.settings.sse_retry_ms,
+        keepalive=frames.comment("ping"),
+        release=slot.release,
+        key_hash=caller.key_hash,
+    )
+    turn = ai_sdk.TurnChunks(format_id("turn", turn_id))
+    for message_id, content in held:
+        turn.hold(format_id("message", message_id), content)
+    response = EventStreamResponse(
+        ai_sdk.ui_chunks(mutations, turn), state.fanout, release=slot.release
+    )
+    response.raw_headers.extend(ai_sdk.HEADERS)
+    return response

@@ -1,0 +1,1 @@
+"""Frontend protocols over the session log: the AI SDK's UI message stream."""
