@@ -87,7 +87,8 @@ def balanced(chunks: list[Any]) -> None:
         elif kind == "finish-step":
             assert step
             step = False
-    assert not open_parts and not step
+    assert not open_parts
+    assert not step
 
 
 async def test_a_chat_streams_its_turn_as_ui_message_chunks(
