@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUNTIME := $(VENV)/.runtime
+# The Node packages of the frontend protocol tests (the AI SDK), as locked.
+NODE_TESTS := tests/node/node_modules/.installed
 LINTED := app tests scripts bench clients/python examples
 
 .PHONY: help install run test lint typecheck fmt migrate openapi bench bench-smoke check clean
@@ -25,7 +27,12 @@ $(STAMP): $(RUNTIME) pyproject.toml clients/python/pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]' -e clients/python
 	touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install the project, its dev tools and the Python client
+$(NODE_TESTS): tests/node/package.json tests/node/package-lock.json
+	@echo "installing the frontend tests' Node packages into tests/node"
+	npm ci --prefix tests/node --no-audit --no-fund --loglevel=error
+	touch $(NODE_TESTS)
+
+install: $(STAMP) $(NODE_TESTS) ## create .venv and install the project, its dev tools, the Python client and the frontend tests' Node packages
 
 run: $(RUNTIME) ## migrate the embedded SQLite file and serve on 127.0.0.1:8000
 	$(BIN)/python -m app serve
@@ -33,7 +40,7 @@ run: $(RUNTIME) ## migrate the embedded SQLite file and serve on 127.0.0.1:8000
 # Worker processes for the suite (`make test TEST_WORKERS=0` runs it in one process).
 TEST_WORKERS ?= 2
 
-test: $(STAMP) ## run the suite, both clients' tests included (SQLite; PostgreSQL too when TEST_DATABASE_URL is set), and hold app/'s coverage to its floor
+test: $(STAMP) $(NODE_TESTS) ## run the suite, both clients' tests included (SQLite; PostgreSQL too when TEST_DATABASE_URL is set), and hold app/'s coverage to its floor
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --cov --cov-report=term:skip-covered $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff
