@@ -826,3 +826,62 @@ async def test_keys_resolve_to_their_own_organization(tenants: Tenants) -> None:
     mine = await client.get(f"/v1/sessions/{sid}", headers=auth(tenants.key_a))
     assert mine.status_code == 200, mine.text
     assert not set(ID_PATTERN.findall(mine.text)) & tenants.b_ids
+
+
+async def test_chat_routes_never_reach_another_organizations_session(
+    tenants: Tenants,
+) -> None:
+    """The AI SDK's chat routes: B's session id is a 404 for A (posting, answering,
+    resuming) and changes nothing; a chat id B uses names another session for A."""
+    client = tenants.client
+    sid = tenants.b_sessions[0]
+    user = {"id": "ui-a", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
+    answer = {
+        "id": tenants.b_messages[sid][-1],
+        "role": "assistant",
+        "parts": [
+            {
+                "type": "tool-lookup",
+                "toolCallId": "call_x",
+                "state": "approval-responded",
+                "approval": {"id": INTERACTION, "approved": True},
+            }
+        ],
+    }
+    for headers in a_credentials(tenants):
+        before = await b_snapshot(tenants.database)
+        for message in (user, answer):
+            response = await call(
+                client,
+                "POST",
+                "/v1/chat",
+                headers=headers,
+                json={"id": sid, "messages": [message]},
+            )
+            assert_not_found(response, "session_not_found")
+            assert_no_leak(response, tenants, sent=sid + answer["id"])
+        resumed = await call(client, "GET", f"/v1/chat/{sid}/stream", headers=headers)
+        assert_not_found(resumed, "session_not_found")
+        assert_no_leak(resumed, tenants)
+        assert await b_snapshot(tenants.database) == before
+    # One chat id, two organizations: two sessions, each with its own messages.
+    said = {}
+    for key, text in ((tenants.key_b, "b-chat-secret"), (tenants.key_a, "a-chat")):
+        message = {
+            "id": "ui-1",
+            "role": "user",
+            "parts": [{"type": "text", "text": text}],
+        }
+        response = await call(
+            client,
+            "POST",
+            "/v1/chat",
+            headers=auth(key),
+            json={"id": "shared-chat", "messages": [message]},
+        )
+        assert response.status_code == 200, response.text
+        said[key] = response.text
+    assert "b-chat-secret" not in said[tenants.key_a]
+    assert "a-chat" in said[tenants.key_a]
+    listed = await client.get("/v1/sessions", headers=auth(tenants.key_a))
+    assert len(listed.json()["data"]) == 2  # A's own session, and its chat's
