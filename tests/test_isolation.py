@@ -835,9 +835,10 @@ async def test_chat_routes_never_reach_another_organizations_session(
     resuming) and changes nothing; a chat id B uses names another session for A."""
     client = tenants.client
     sid = tenants.b_sessions[0]
+    b_message = tenants.b_messages[sid][-1]
     user = {"id": "ui-a", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
-    answer = {
-        "id": tenants.b_messages[sid][-1],
+    answer: dict[str, Any] = {
+        "id": b_message,
         "role": "assistant",
         "parts": [
             {
@@ -859,7 +860,7 @@ async def test_chat_routes_never_reach_another_organizations_session(
                 json={"id": sid, "messages": [message]},
             )
             assert_not_found(response, "session_not_found")
-            assert_no_leak(response, tenants, sent=sid + answer["id"])
+            assert_no_leak(response, tenants, sent=sid + b_message)
         resumed = await call(client, "GET", f"/v1/chat/{sid}/stream", headers=headers)
         assert_not_found(resumed, "session_not_found")
         assert_no_leak(resumed, tenants)
