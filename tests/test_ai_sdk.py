@@ -355,3 +355,27 @@ async def test_two_first_uses_of_a_chat_id_make_one_session(
     )
     assert all(r[-1] == "[DONE]" for r in results)
     assert len(await sessions_of(client)) == 1
+
+
+async def test_a_stopped_turn_ends_with_abort_and_is_counted(
+    live_server: Server,
+) -> None:
+    async with httpx.AsyncClient(base_url=live_server.url, timeout=30) as client:
+        sid = (await client.post("/v1/sessions", json={})).json()["id"]
+        body = {"id": sid, "messages": [user("u", "/scenario long 200")]}
+        seen: list[Any] = []
+        async with client.stream("POST", "/v1/chat", json=body) as response:
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                seen.append(
+                    line[6:] if line == "data: [DONE]" else json.loads(line[6:])
+                )
+                if len(seen) == 4:
+                    stopped = await client.post(f"/v1/sessions/{sid}/cancel")
+                    assert stopped.status_code in (200, 202), stopped.text
+        balanced(seen)
+        assert seen[-2]["type"] == "abort"
+        metrics = (await client.get("/metrics")).text
+        assert 'evermirror_streams_opened_total{stream="ai_sdk"}' in metrics
+        assert 'evermirror_streams_open{stream="ai_sdk"} 0.0' in metrics

@@ -181,3 +181,30 @@ def test_client_snippets_run(keyed_server: KeyedServer, tmp_path: Path) -> None:
     )
     output = run_example(keyed_server, sys.executable, str(program)).splitlines()
     assert output[-2:] == ["message", "ok 2 2"], output
+
+
+def test_ai_sdk_example(keyed_server: KeyedServer) -> None:
+    """Run as a user who installed `ai` would: resolved from tests/node's packages
+    (module code read from stdin resolves its imports from the working directory)."""
+    node = shutil.which("node")
+    assert node, "the AI SDK example needs Node.js >= 20"
+    source = (EXAMPLES / "ai_sdk.mjs").read_text()
+    result = subprocess.run(
+        [node, "--input-type=module", "-", "hello from the ai sdk"],
+        input=source,
+        cwd=ROOT / "tests" / "node",
+        env={
+            **os.environ,
+            "BASE_URL": keyed_server.url,
+            "API_KEY": keyed_server.api_key,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    lines = result.stdout.splitlines()
+    assert re.fullmatch(r"chat: example-[0-9a-f-]{36}", lines[0]), result.stdout
+    assert lines[-2] == "hello from the ai sdk", result.stdout
+    assert lines[-1] == "agent: hello from the ai sdk", result.stdout
