@@ -15,6 +15,7 @@ from app.api.state import AppState
 from app.auth import Caller
 from app.errors import BODY_PROBLEMS, Draining, InvalidRequest, problem_responses
 from app.frontends import ai_sdk, answers as answers_service, runs
+from app.frontends.projection import TurnProjection
 from app.ids import format_id, parse_id
 from app.live import frames
 from app.live.response import EventStreamResponse
@@ -173,7 +174,7 @@ def _turn_stream(
         release=slot.release,
         key_hash=caller.key_hash,
     )
-    turn = ai_sdk.TurnChunks(format_id("turn", turn_id))
+    turn = TurnProjection(format_id("turn", turn_id))
     for message_id, content in held:
         turn.hold(format_id("message", message_id), content)
     response = EventStreamResponse(

@@ -7,11 +7,9 @@ and reads Server-Sent Events whose `data:` is one chunk each (`start`, `start-st
 resume is `GET {api}/{id}/stream`, answered 204 when nothing runs, else the running
 turn's reply from its start: the SDK replaces its partial message with the replay.
 
-Here the chunks are a projection of the Mutation stream of one turn: its replay from
-the turn's first checkpoint gives the committed snapshots, then the live parts and
-deltas follow. So a stream resumes from the durable log on any process, and nothing
-is kept in memory for it. One turn is one UI message (the turn's first agent message
-names it); each agent message of the turn is one step.
+Here the chunks encode a turn's projection (app/frontends/projection.py): one turn is
+one UI message (the turn's first agent message names it), each agent message of the
+turn one step.
 """
 
 from collections.abc import AsyncIterator
@@ -21,12 +19,27 @@ from typing import Any, Literal
 from pydantic import Field
 
 from app import wire
+from app.frontends.projection import (
+    ApprovalAsked,
+    Begin,
+    Denied,
+    End,
+    PartDelta,
+    PartEnd,
+    PartStart,
+    Step,
+    StepEnd,
+    StepStart,
+    ToolCall,
+    ToolResult,
+    TurnProjection,
+    project,
+)
 from app.messages.schemas import MessageCreate
 from app.schemas import InputSchema, Label
 
 HEADERS = [(b"x-vercel-ai-ui-message-stream", b"v1")]
 DONE = b"data: [DONE]\n\n"
-KEEPALIVE = ":"
 KEEPALIVE_COMMENT = b": ping\n\n"
 
 # Chat ids: what the SDK's generateId and UUIDs are made of, up to the column's width.
@@ -142,277 +155,81 @@ def chunk(value: dict[str, Any]) -> bytes:
     return b"data: " + wire.dumps(value) + b"\n\n"
 
 
-# ---- the Mutation stream, read back -----------------------------------------------------
+def encode(step: Step) -> dict[str, Any] | tuple[dict[str, Any], ...] | None:
+    """A projected step as the chunk (or chunks) that tell it."""
+    if isinstance(step, PartDelta):
+        return {"type": f"{step.kind}-delta", "id": step.key, "delta": step.text}
+    if isinstance(step, PartStart):
+        return {"type": f"{step.kind}-start", "id": step.key}
+    if isinstance(step, PartEnd):
+        return {"type": f"{step.kind}-end", "id": step.key}
+    if isinstance(step, Begin):
+        if step.message_id is None:
+            return {"type": "start"}
+        return {"type": "start", "messageId": step.message_id}
+    if isinstance(step, StepStart):
+        return {"type": "start-step"}
+    if isinstance(step, StepEnd):
+        return {"type": "finish-step"}
+    if isinstance(step, ToolCall):
+        call = {"toolCallId": step.call_id, "toolName": step.name}
+        return (
+            {"type": "tool-input-start", **call},
+            {"type": "tool-input-available", **call, "input": step.arguments},
+        )
+    if isinstance(step, ToolResult):
+        if step.error is not None:
+            return {
+                "type": "tool-output-error",
+                "toolCallId": step.call_id,
+                "errorText": step.error,
+            }
+        return {
+            "type": "tool-output-available",
+            "toolCallId": step.call_id,
+            "output": step.output,
+        }
+    if isinstance(step, ApprovalAsked):
+        return {
+            "type": "tool-approval-request",
+            "approvalId": step.interaction_id,
+            "toolCallId": step.call_id,
+        }
+    if isinstance(step, Denied):
+        return {"type": "tool-output-denied", "toolCallId": step.call_id}
+    return _end(step)
 
 
-def parse_frames(data: bytes) -> list[tuple[str, Any]]:
-    """The (event, data) of each complete frame in `data` (the Mutation stream writes
-    whole frames, several at once when a subscriber catches up); a keep-alive comment
-    is KEEPALIVE, and a block with neither (`retry:`) is skipped."""
-    out: list[tuple[str, Any]] = []
-    for block in data.split(b"\n\n"):
-        if block.startswith(b":"):
-            out.append((KEEPALIVE, None))
-            continue
-        event = ""
-        body: bytes | None = None
-        for line in block.split(b"\n"):
-            if line.startswith(b"event: "):
-                event = line[7:].decode()
-            elif line.startswith(b"data: "):
-                body = line[6:]
-        if body is not None:
-            out.append((event, wire.loads(body)))
-    return out
-
-
-STREAMED_KINDS = {"text": "text", "reasoning": "reasoning"}
-OUTCOMES = ("completed", "failed", "cancelled")
-# A tool call in one of these waits for the frontend.
-WAITING = ("awaiting_approval", "awaiting_client")
-
-
-class TurnChunks:
-    """One turn's Mutations as UI message chunks. Everything is sent once: text by
-    what the client has (in UTF-16 units, the unit of the Mutation stream's offsets),
-    tool calls, results and approvals by their ids. A message's parts stream one
-    after another, so a part's first sight ends the text or reasoning before it; a
-    part of another model step (its `step_id`) ends the step. A text or reasoning
-    chunk's `id` is `{message id}/{part id}`: part ids are unique within a message."""
-
-    def __init__(self, turn_id: str) -> None:
-        self.turn_id = turn_id
-        self.started = False
-        self.step_open = False
-        self.step_id: str | None = None
-        self.done = False
-        # Text and reasoning parts still open: key -> (kind, UTF-16 units sent).
-        self.open: dict[str, tuple[str, int]] = {}
-        # Every part seen, and the tool calls, results and approvals sent.
-        self.seen: set[str] = set()
-        self.error: str | None = None
-
-    def feed(self, event: str, data: Any) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        if event == "message":
-            self._message(data["message"], out)
-        elif event == "part":
-            self._begin(data["message_id"], out)
-            self._part(data["message_id"], data["part"], out)
-        elif event == "delta":
-            kind = data.get("kind")
-            if kind in STREAMED_KINDS:
-                self._begin(data["message_id"], out)
-                key = f"{data['message_id']}/{data['part_id']}"
-                if self._new_part(key, None, out):
-                    out.append({"type": f"{kind}-start", "id": key})
-                    self.open[key] = (kind, 0)
-                self._text(key, data["offset"], data["text"], out)
-        elif (
-            event == "turn"
-            and data.get("turn_id") == self.turn_id
-            and data.get("status") in OUTCOMES
-        ):
-            self._end(data["status"], out)
-        return out
-
-    def _begin(self, message_id: str, out: list[dict[str, Any]]) -> None:
-        if not self.started:
-            self.started = True
-            out.append({"type": "start", "messageId": message_id})
-        if not self.step_open:
-            self.step_open = True
-            out.append({"type": "start-step"})
-
-    def _new_part(
-        self, key: str, step_id: str | None, out: list[dict[str, Any]]
-    ) -> bool:
-        """Whether `key` is a part not seen before; if so, the parts before it end,
-        and so does the step if it belongs to another."""
-        if key in self.seen:
-            return False
-        self.seen.add(key)
-        self._close_parts(out)
-        if step_id is not None:
-            if self.step_id is not None and step_id != self.step_id and self.step_open:
-                out.append({"type": "finish-step"})
-                out.append({"type": "start-step"})
-            self.step_id = step_id
-        return True
-
-    def _text(
-        self, key: str, offset: int, text: str, out: list[dict[str, Any]]
-    ) -> None:
-        known = self.open.get(key)
-        if known is None:
-            return  # ended: a later part began
-        kind, sent = known
-        end = offset + wire.utf16_len(text)
-        if end > sent and offset <= sent:
-            tail = wire.utf16_tail(text, sent - offset)
-            out.append({"type": f"{kind}-delta", "id": key, "delta": tail})
-            self.open[key] = (kind, end)
-
-    def _close_parts(self, out: list[dict[str, Any]]) -> None:
-        for key, (kind, _) in self.open.items():
-            out.append({"type": f"{kind}-end", "id": key})
-        self.open.clear()
-
-    def _message(self, message: dict[str, Any], out: list[dict[str, Any]]) -> None:
-        if message.get("role") != "agent" or message.get("turn_id") != self.turn_id:
-            return
-        self._begin(message["id"], out)
-        content = message.get("content", ())
-        for part in content:
-            self._part(message["id"], part, out)
-        if any(
-            p.get("type") == "tool_call" and p.get("status") in WAITING for p in content
-        ):
-            # The turn waits for the frontend (a decision, or a tool it runs): the
-            # reply so far is complete; the answer comes with the next POST.
-            self._end("waiting", out)
-        elif message.get("state") == "done":
-            self._close_parts(out)
-            if self.step_open:
-                self.step_open = False
-                out.append({"type": "finish-step"})
-
-    def _part(
-        self, message_id: str, part: dict[str, Any], out: list[dict[str, Any]]
-    ) -> None:
-        kind = part.get("type")
-        key = f"{message_id}/{part.get('part_id')}"
-        first = self._new_part(key, part.get("step_id"), out)
-        if kind in STREAMED_KINDS:
-            if first:
-                out.append({"type": f"{kind}-start", "id": key})
-                self.open[key] = (kind, 0)
-            text = _part_text(part)
-            if text is not None:
-                self._text(key, 0, text, out)
-        elif kind == "tool_call" and self._once(f"call:{part['id']}"):
-            call = {"toolCallId": part["id"], "toolName": part["name"]}
-            out.append({"type": "tool-input-start", **call})
-            out.append(
-                {"type": "tool-input-available", **call, "input": part.get("arguments")}
-            )
-        elif kind == "tool_result" and self._once(f"result:{part['tool_call_id']}"):
-            call_id = part["tool_call_id"]
-            if part.get("error") is not None:
-                out.append(
-                    {
-                        "type": "tool-output-error",
-                        "toolCallId": call_id,
-                        "errorText": str(part["error"]),
-                    }
-                )
-            else:
-                out.append(
-                    {
-                        "type": "tool-output-available",
-                        "toolCallId": call_id,
-                        "output": part.get("result"),
-                    }
-                )
-        elif kind == "interaction":
-            self._interaction(part, out)
-        elif kind == "error":
-            self.error = f"{part.get('code')}: {part.get('message')}"
-
-    def _interaction(self, part: dict[str, Any], out: list[dict[str, Any]]) -> None:
-        call = part.get("tool_call_id")
-        if part.get("interaction_type") != "approval" or call is None:
-            return
-        if part.get("status") == "pending" and self._once(
-            f"approval:{part['interaction_id']}"
-        ):
-            out.append(
-                {
-                    "type": "tool-approval-request",
-                    "approvalId": part["interaction_id"],
-                    "toolCallId": call,
-                }
-            )
-        elif part.get("status") == "denied" and self._once(f"denied:{call}"):
-            out.append({"type": "tool-output-denied", "toolCallId": call})
-
-    def hold(self, message_id: str, content: list[dict[str, Any]]) -> None:
-        """Mark a message's parts as sent: the frontend holds them from the stream
-        that ended when the turn began to wait for it."""
-        for part in content:
-            self.seen.add(f"{message_id}/{part.get('part_id')}")
-            kind = part.get("type")
-            if kind == "tool_call":
-                self.seen.add(f"call:{part.get('id')}")
-            elif kind == "tool_result":
-                self.seen.add(f"result:{part.get('tool_call_id')}")
-            elif kind == "interaction":
-                self.seen.add(f"approval:{part.get('interaction_id')}")
-
-    def _once(self, key: str) -> bool:
-        if key in self.seen:
-            return False
-        self.seen.add(key)
-        return True
-
-    def _end(self, status: str, out: list[dict[str, Any]]) -> None:
-        self._close_parts(out)
-        if self.step_open:
-            self.step_open = False
-            out.append({"type": "finish-step"})
-        if not self.started:
-            self.started = True
-            out.insert(0, {"type": "start"})
-        if status == "waiting":
-            out.append({"type": "finish", "finishReason": "tool-calls"})
-        elif status == "failed":
-            out.append({"type": "error", "errorText": self.error or "the turn failed"})
-        elif status == "cancelled":
-            out.append({"type": "abort", "reason": "the turn was stopped"})
-        else:
-            out.append({"type": "finish", "finishReason": "stop"})
-        self.done = True
-
-
-def _part_text(part: dict[str, Any]) -> str | None:
-    """A text or reasoning part's text so far (a committed reasoning part keeps it in
-    `text.text`, a live one as a string)."""
-    text = part.get("text")
-    if isinstance(text, str):
-        return text
-    if isinstance(text, dict):
-        inner = text.get("text")
-        if isinstance(inner, str):
-            return inner
-        pieces = text.get("parts")
-        if isinstance(pieces, list):
-            return "".join(p for p in pieces if isinstance(p, str))
-    return None
+def _end(end: End) -> dict[str, Any]:
+    if end.status == "waiting":
+        return {"type": "finish", "finishReason": "tool-calls"}
+    if end.status == "failed":
+        text = f"{end.error_code}: {end.error}" if end.error else "the turn failed"
+        return {"type": "error", "errorText": text}
+    if end.status == "cancelled":
+        return {"type": "abort", "reason": "the turn was stopped"}
+    return {"type": "finish", "finishReason": "stop"}
 
 
 async def ui_chunks(
-    frames: AsyncIterator[bytes], turn: TurnChunks
+    frames: AsyncIterator[bytes], turn: TurnProjection
 ) -> AsyncIterator[bytes]:
-    """The turn's UI message stream, read from its Mutation stream: ends after the
-    turn's outcome with `[DONE]`. A stream the server closes first (its connection
-    cycle, a slow client, the session deleted) ends without `[DONE]`: the client
-    resumes it through `GET /v1/chat/{id}/stream`."""
-    try:
-        async for data in frames:
-            for event, body in parse_frames(data):
-                if event == KEEPALIVE:
-                    # Read by no parser; it keeps proxies from closing a quiet stream.
-                    yield KEEPALIVE_COMMENT
-                    continue
-                if event in ("disconnecting", "reset"):
-                    return
-                sent = turn.feed(event, body)
-                if sent:
-                    yield b"".join(chunk(c) for c in sent)
-                if turn.done:
-                    yield DONE
-                    return
-    finally:
-        aclose = getattr(frames, "aclose", None)
-        if aclose is not None:
-            await aclose()
+    """The turn's UI message stream: ends after the turn's end with `[DONE]`. A
+    stream the server closes first ends without it: the client resumes through
+    `GET /v1/chat/{id}/stream`."""
+    async for batch in project(frames, turn):
+        if not isinstance(batch, list):
+            # Read by no parser; it keeps proxies from closing a quiet stream.
+            yield KEEPALIVE_COMMENT
+            continue
+        out = bytearray()
+        for step in batch:
+            encoded = encode(step)
+            if isinstance(encoded, dict):
+                out += chunk(encoded)
+            elif encoded is not None:
+                for one in encoded:
+                    out += chunk(one)
+        yield bytes(out)
+    if turn.done:
+        yield DONE
