@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel
 
 from app import __doc__ as app_doc
+from app.api.ag_ui import router as ag_ui_router
 from app.api.agent import card_router, router as agent_router
 from app.api.asgi import Service, TracedService
 from app.api.catalog import router as catalog_router
@@ -84,6 +85,7 @@ def api_router() -> APIRouter:
         agent_router,
         feedback_router,
         chat_router,
+        ag_ui_router,
     ):
         router.include_router(feature)
     return router

@@ -370,6 +370,26 @@ def route_walk(
             None,
             {},
         ),
+        (
+            "run_session_agent",
+            "POST",
+            f"{base}/ag-ui",
+            {
+                "threadId": "t",
+                "runId": "r",
+                "messages": [{"id": "ag-ui-m", "role": "user", "content": "hi"}],
+            },
+            None,
+            {},
+        ),
+        (
+            "session_agent_capabilities",
+            "GET",
+            f"{base}/ag-ui/capabilities",
+            None,
+            None,
+            {},
+        ),
     ]
 
 
@@ -404,6 +424,8 @@ ROUTE_NAMES = [
     "list_interactions",
     "resolve_interaction",
     "submit_tool_approvals",
+    "run_session_agent",
+    "session_agent_capabilities",
 ]
 
 
@@ -831,8 +853,9 @@ async def test_keys_resolve_to_their_own_organization(tenants: Tenants) -> None:
 async def test_chat_routes_never_reach_another_organizations_session(
     tenants: Tenants,
 ) -> None:
-    """The AI SDK's chat routes: B's session id is a 404 for A (posting, answering,
-    resuming) and changes nothing; a chat id B uses names another session for A."""
+    """The AI SDK's chat routes and AG-UI's thread route: B's session id is a 404 for
+    A (posting, answering, resuming, running) and changes nothing; a chat id B uses
+    names another session for A."""
     client = tenants.client
     sid = tenants.b_sessions[0]
     b_message = tenants.b_messages[sid][-1]
@@ -861,6 +884,15 @@ async def test_chat_routes_never_reach_another_organizations_session(
             )
             assert_not_found(response, "session_not_found")
             assert_no_leak(response, tenants, sent=sid + b_message)
+        agent = await call(
+            client,
+            "POST",
+            "/v1/ag-ui",
+            headers=headers,
+            json={"threadId": sid, "runId": "r", "messages": []},
+        )
+        assert_not_found(agent, "session_not_found")
+        assert_no_leak(agent, tenants, sent=sid)
         resumed = await call(client, "GET", f"/v1/chat/{sid}/stream", headers=headers)
         assert_not_found(resumed, "session_not_found")
         assert_no_leak(resumed, tenants)

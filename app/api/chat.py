@@ -2,11 +2,9 @@
 protocol is app/frontends/ai_sdk.py."""
 
 import uuid
-from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response
-from sqlalchemy.exc import IntegrityError
 
 from app import wire
 from app.api import endpoints, guards
@@ -19,7 +17,6 @@ from app.frontends.projection import TurnProjection
 from app.ids import format_id, parse_id
 from app.live import frames
 from app.live.response import EventStreamResponse
-from app.sessions import service as sessions
 
 router = APIRouter(tags=["frontends"])
 
@@ -105,7 +102,7 @@ async def _answer(
             answers=answers,
         )
     return _turn_stream(
-        state, caller, session_id, applied.turn_id, applied.cursor, applied.held
+        state, caller, session_id, applied.turn_id, applied.cursor, applied
     )
 
 
@@ -139,20 +136,12 @@ async def resume_chat(
 async def _session(
     state: AppState, caller: Caller, chat_id: str, *, create: bool
 ) -> uuid.UUID | None:
-    for attempt in range(2):
-        try:
-            async with state.database.write() as db:
-                return await sessions.session_for_chat(
-                    db,
-                    organization_id=caller.organization_id,
-                    chat_id=chat_id,
-                    create=create,
-                )
-        except IntegrityError:
-            # Another request created the chat's session first: find it.
-            if attempt:
-                raise
-    return None
+    return await runs.thread_session(
+        state.database,
+        organization_id=caller.organization_id,
+        thread_id=chat_id,
+        create=create,
+    )
 
 
 def _turn_stream(
@@ -161,7 +150,7 @@ def _turn_stream(
     session_id: uuid.UUID,
     turn_id: uuid.UUID,
     cursor: int,
-    held: Sequence[tuple[uuid.UUID, list[dict[str, Any]]]] = (),
+    applied: answers_service.Applied | None = None,
 ) -> EventStreamResponse:
     slot = state.limits.acquire(session_id, "ai_sdk")
     mutations = runs.turn_mutations(
@@ -175,8 +164,8 @@ def _turn_stream(
         key_hash=caller.key_hash,
     )
     turn = TurnProjection(format_id("turn", turn_id))
-    for message_id, content in held:
-        turn.hold(format_id("message", message_id), content)
+    if applied is not None:
+        applied.prime(turn)
     response = EventStreamResponse(
         ai_sdk.ui_chunks(mutations, turn), state.fanout, release=slot.release
     )

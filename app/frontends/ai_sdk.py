@@ -13,12 +13,12 @@ turn one step.
 """
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field
 
 from app import wire
+from app.frontends.answers import Answers
 from app.frontends.projection import (
     ApprovalAsked,
     Begin,
@@ -90,17 +90,6 @@ def user_message(request: ChatRequest) -> MessageCreate | None:
             "client_message_id": last.id,
         }
     )
-
-
-@dataclass(frozen=True)
-class Answers:
-    """What the last (assistant) message answers: approvals the user decided
-    (`approval-responded`: approval id, approved, reason) and the outputs of the
-    tools the frontend ran (`output-available` / `output-error`: call id, output,
-    error). Which of them the session waits for is the session's to say."""
-
-    approvals: list[tuple[str, bool, str | None]]
-    outputs: list[tuple[str, Any, str | None]]
 
 
 def answers(message: UIMessage) -> Answers:

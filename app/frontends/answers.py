@@ -8,11 +8,23 @@ from typing import Any
 
 from app.db.writes import Write
 from app.errors import Conflict
-from app.frontends.ai_sdk import Answers
+from app.frontends.projection import TurnProjection
+from app.ids import format_id
 from app.interactions import schemas as interaction_schemas, service as interactions
 from app.journal import lifecycle
 from app.journal.sessions import lock_owned_session
 from app.tools import schemas as tool_schemas, service as tools
+
+
+@dataclass(frozen=True)
+class Answers:
+    """What a frontend's request answers: approvals the user decided
+    (interaction id, approved, reason) and the outputs of the tools the frontend ran
+    (call id, output, error), however its protocol says them. Which of them the
+    session waits for is the session's to say."""
+
+    approvals: list[tuple[str, bool, str | None]]
+    outputs: list[tuple[str, Any, str | None]]
 
 
 class NothingWaits(Conflict):
@@ -22,11 +34,19 @@ class NothingWaits(Conflict):
 @dataclass(frozen=True)
 class Applied:
     """Where the turn's stream goes on from: the log's position before the answers,
-    the turn, and its messages as the frontend already holds them."""
+    the turn, its messages as the frontend already holds them, and the calls whose
+    results the frontend gave."""
 
     cursor: int
     turn_id: uuid.UUID
     held: list[tuple[uuid.UUID, list[dict[str, Any]]]]
+    answered_calls: list[str]
+
+    def prime(self, turn: TurnProjection) -> None:
+        """Tell `turn` what the frontend holds, so it is not told again."""
+        for message_id, content in self.held:
+            turn.hold(format_id("message", message_id), content)
+        turn.seen.update(f"result:{call_id}" for call_id in self.answered_calls)
 
 
 async def apply(
@@ -87,4 +107,4 @@ async def apply(
             session_id=session_id,
             data=tool_schemas.ToolResultsRequest(tool_results=results),
         )
-    return Applied(cursor, turn_id, held)
+    return Applied(cursor, turn_id, held, [r.tool_call_id for r in results])
