@@ -1,7 +1,9 @@
-"""The AI SDK's own code (the `ai` package of tests/node, installed by `make install`)
-against a real server on each lane: tests/node/ai-sdk.test.mjs reads turns through
+"""The frontends' own client code (tests/node's packages, installed by `make install`)
+against a real server on each lane: ai-sdk.test.mjs reads turns through the AI SDK's
 DefaultChatTransport and readUIMessageStream (every chunk checked by the SDK's schema),
-resumes a cut stream, and answers an approval and a client-side tool."""
+resumes a cut stream, and answers an approval and a client-side tool; ag-ui.test.mjs
+runs @ag-ui/client's HttpAgent through text, a frontend tool round trip and an
+approval interrupt resumed."""
 
 import os
 import re
@@ -16,13 +18,15 @@ from tests.support.servers import KeyedServer, keyed_server_fixture
 pytestmark = pytest.mark.e2e
 
 NODE_TESTS = ROOT / "tests" / "node"
-keyed_server = keyed_server_fixture("ai-sdk-node", SCRIPTED_DELAY_MS="20")
+keyed_server = keyed_server_fixture("frontends-node", SCRIPTED_DELAY_MS="20")
 
 
-def test_the_ai_sdk_reads_and_resumes_chats(keyed_server: KeyedServer) -> None:
+def test_the_frontends_own_clients(keyed_server: KeyedServer) -> None:
     node = shutil.which("node")
-    assert node, "the AI SDK tests need Node.js >= 20 on PATH"
-    assert (NODE_TESTS / "node_modules" / "ai").is_dir(), (
+    assert node, "the frontend tests need Node.js >= 20 on PATH"
+    files = sorted(p.name for p in NODE_TESTS.glob("*.test.mjs"))
+    assert files == ["ag-ui.test.mjs", "ai-sdk.test.mjs"], files
+    assert (NODE_TESTS / "node_modules" / "@ag-ui" / "client").is_dir(), (
         "tests/node has no node_modules: run `make install`"
     )
     env = {
@@ -38,7 +42,7 @@ def test_the_ai_sdk_reads_and_resumes_chats(keyed_server: KeyedServer) -> None:
                 "--test-reporter=tap",
                 "--test-timeout=60000",
                 "--test-force-exit",
-                "ai-sdk.test.mjs",
+                *files,
             ],
             cwd=NODE_TESTS,
             env=env,
@@ -52,10 +56,12 @@ def test_the_ai_sdk_reads_and_resumes_chats(keyed_server: KeyedServer) -> None:
         text = (
             printed.decode(errors="replace") if isinstance(printed, bytes) else printed
         )
-        pytest.fail(f"the AI SDK tests ran past 180 s; they printed:\n{text[-20000:]}")
+        pytest.fail(
+            f"the frontend tests ran past 180 s; they printed:\n{text[-20000:]}"
+        )
     report = f"{result.stdout[-20000:]}\n{result.stderr[-5000:]}"
     assert result.returncode == 0, report
     counts = dict(re.findall(r"^# (pass|fail|cancelled) (\d+)$", result.stdout, re.M))
     assert counts.get("fail") == "0", report
     assert counts.get("cancelled") == "0", report
-    assert int(counts.get("pass", "0")) >= 4, report
+    assert int(counts.get("pass", "0")) >= 7, report
