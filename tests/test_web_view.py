@@ -111,13 +111,18 @@ async def test_the_client_served_is_the_client_source() -> None:
 
 async def test_the_pages_never_parse_data_as_markup() -> None:
     """Belt and braces beside the browser tests: no script of the web view writes
-    HTML, and the pages carry no inline script or style (the policy would refuse
-    them)."""
+    HTML but for one line, which sets a finished agent text to what markdown-it
+    renders with raw HTML off; and the pages carry no inline script or style (the
+    policy would refuse them)."""
+    markup = r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|eval\("
     for script in web.ASSETS.glob("*.js"):
         source = script.read_text()
-        assert not re.search(
-            r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|eval\(", source
-        ), script.name
+        if script.name == "render.js":
+            assert re.findall(markup, source) == ["innerHTML"]
+            assert "body.innerHTML = markdown.render(text);" in source
+            assert "markdownit({ html: false," in source
+            continue
+        assert not re.search(markup, source), script.name
     for html in web.ASSETS.glob("*.html"):
         source = html.read_text()
         external = r'<script\b[^>]*\bsrc="[^"]+"[^>]*>\s*</script>'
@@ -696,3 +701,45 @@ async def test_the_list_pins_and_archives(
         f'tr[data-session-id="{session_id}"]', state="detached"
     )
     assert "archived_at" not in (await api.get(f"/v1/sessions/{session_id}")).json()
+
+
+# ---- Markdown ----------------------------------------------------------------------------
+
+MARKDOWN = (
+    "# Plan\n\n**bold** and `code`, a [site](https://example.com/a) and "
+    "[a trap](javascript:window.__xss='md') <b onclick=\"window.__xss='b'\">raw</b>\n\n"
+    "- one\n- two\n\n```\nblock\n```\n\n| a | b |\n|--:|:--|\n| 1 | 2 |"
+)
+
+
+async def test_a_finished_agent_text_renders_as_markdown_and_nothing_else_does(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api)
+    await post(api, session_id, text_body(MARKDOWN))
+    await wait_idle(api, session_id)
+    await open_chat(page, live_server.url, session_id)
+    shown = await wait_converged(page, api, session_id)
+    assert [m["text"] for m in shown] == [MARKDOWN, MARKDOWN]
+    agent = page.locator('#list > .message[data-role="agent"] .text-body')
+    user = page.locator('#list > .message[data-role="user"] .text-body')
+    # The user's words as typed; the agent's rendered.
+    assert (await user.text_content()) == MARKDOWN
+    assert await agent.get_attribute("class") == "text-body markdown"
+    assert (await agent.locator("h1").text_content()) == "Plan"
+    assert (await agent.locator("strong").text_content()) == "bold"
+    assert (await agent.locator("p code").text_content()) == "code"
+    assert (await agent.locator("li").all_text_contents()) == ["one", "two"]
+    assert (await agent.locator("pre code").text_content()) == "block\n"
+    assert (await agent.locator("td").all_text_contents()) == ["1", "2"]
+    assert (await agent.locator("[style]").count()) == 0
+    # Links: http(s) only, opening elsewhere; raw HTML shows as text.
+    links = agent.locator("a")
+    assert (await links.count()) == 1
+    assert await links.get_attribute("href") == "https://example.com/a"
+    assert await links.get_attribute("target") == "_blank"
+    assert await links.get_attribute("rel") == "noopener noreferrer"
+    assert (await agent.locator("b, script, img, [onclick]").count()) == 0
+    assert '<b onclick="window.__xss=' in (await agent.text_content() or "")
+    await agent.locator("p").first.click()
+    assert await page.evaluate("() => window.__xss") is None

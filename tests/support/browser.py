@@ -23,14 +23,14 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_INSTALLED = CHROMIUM.is_file()
 
 # Every message the chat page shows, in order; a message's text is its text parts'
-# `.text-body`, which hold the stored text exactly (citation marks add no text).
+# `.text-body`'s `data-source`, the stored text exactly (shown as Markdown when done).
 RENDERED = """() => [...document.querySelectorAll("#list > .message")].map((m) => ({
   id: m.dataset.messageId,
   sequence: Number(m.dataset.sequence),
   role: m.dataset.role,
   state: m.dataset.state,
   text: [...m.querySelectorAll(':scope > .part[data-type="text"] > .text-body')]
-    .map((t) => t.textContent).join(""),
+    .map((t) => t.dataset.source).join(""),
 }))"""
 
 

@@ -1,11 +1,32 @@
 // How a message and each of its parts look. Everything from the service is set as
-// text (el() and textContent); links go through link(), which admits http(s) only.
+// text (el() and textContent), but for a finished agent message's text, which is
+// Markdown rendered by markdown-it with raw HTML off (so any HTML in it shows as
+// text), images off (nothing is fetched from elsewhere) and links to http(s) and
+// mailto only; links elsewhere go through link(), which admits http(s) only.
 //
 // The DOM is the tests' contract too: `.message[data-message-id][data-sequence]
 // [data-role][data-state]`, each part `.part[data-part-id][data-type]`, and a text
-// part's text, exactly as stored, in its `.text-body`.
+// part's text, exactly as stored, in its `.text-body`'s `data-source`.
 
 import { el, link, timeOf } from "./common.js";
+// markdown-it 14 (MIT), vendored as its own distribution file: it defines
+// globalThis.markdownit.
+import "./markdown-it.min.js";
+
+const markdown = globalThis.markdownit({ html: false, linkify: true, breaks: true });
+markdown.disable("image");
+markdown.validateLink = (url) => /^(https?:|mailto:)/i.test(String(url).trim());
+// A table cell's alignment comes as a style attribute, which the page's CSP refuses.
+markdown.core.ruler.push("no_inline_style", (state) => {
+  for (const token of state.tokens) {
+    if (token.attrs) token.attrs = token.attrs.filter(([name]) => name !== "style");
+  }
+});
+markdown.renderer.rules.link_open = (tokens, index, options, env, self) => {
+  tokens[index].attrSet("target", "_blank");
+  tokens[index].attrSet("rel", "noopener noreferrer");
+  return self.renderToken(tokens, index, options);
+};
 
 // Interaction statuses that still wait for a decision (the Approve/Deny buttons).
 const OPEN_INTERACTIONS = new Set(["pending", "requested", "open", "waiting", "awaiting", "awaiting_approval"]);
@@ -21,16 +42,23 @@ function json(value) {
   }
 }
 
-/** A text part's text with its citations: each cited span is marked and numbered by
+/** A text part's text, as Markdown when `asMarkdown` (a finished agent message's),
+ * else as it streams: plain text. With citations it is plain text too: each cited
+ * span is marked and numbered by
  * its source, and the sources are listed under the text. Offsets count UTF-16 code
  * units, as the stream's delta offsets do (what String.length and slice count); spans
  * out of range or overlapping an earlier one are not marked. */
-function textPart(part) {
+function textPart(part, asMarkdown) {
   const text = typeof part.text === "string" ? part.text : "";
   const annotations = Array.isArray(part.annotations) ? part.annotations : [];
-  const body = el("div", { class: "text-body" });
+  const body = el("div", { class: "text-body", dataset: { source: text } });
   if (annotations.length === 0) {
-    body.textContent = text;
+    if (asMarkdown) {
+      body.classList.add("markdown");
+      body.innerHTML = markdown.render(text);
+    } else {
+      body.textContent = text;
+    }
     return [body];
   }
   const sources = new Map(); // uri (or title) -> {number, source, verified}
@@ -178,7 +206,7 @@ function partNode(part, message, context, result) {
   const streaming = message.state === "streaming";
   switch (type) {
     case "text":
-      return el("div", { class: "part text", ...base }, textPart(part));
+      return el("div", { class: "part text", ...base }, textPart(part, message.role === "agent" && !streaming));
     case "reasoning": {
       const node = reasoningPart(part, streaming);
       Object.assign(node.dataset, { partId: part.part_id ?? "", type });
