@@ -569,10 +569,9 @@ async def test_approve_runs_the_tool_and_the_turn_completes(
     assert json.loads(
         (await tool.locator(".tool-result pre").text_content()) or ""
     ) == {"query": "tea", "answer": 42}
-    assert json.loads(
-        (await page.locator('#list .part[data-type="interaction"] pre').text_content())
-        or ""
-    ) == {"decision": "approve"}
+    # The decision in words.
+    decision = page.locator('#list .part[data-type="interaction"] .decision')
+    assert (await decision.text_content()) == "Approved"
 
 
 async def test_deny_fails_the_tool_and_the_model_answers_so(
@@ -590,6 +589,8 @@ async def test_deny_fails_the_tool_and_the_model_answers_so(
     assert (await tool.locator(".tool-result .error-text").text_content()) == (
         "The user denied this tool call"
     )
+    decision = page.locator('#list .part[data-type="interaction"] .decision')
+    assert (await decision.text_content()) == "Denied"
 
 
 # ---- escaping ----------------------------------------------------------------------------
@@ -743,3 +744,99 @@ async def test_a_finished_agent_text_renders_as_markdown_and_nothing_else_does(
     assert '<b onclick="window.__xss=' in (await agent.text_content() or "")
     await agent.locator("p").first.click()
     assert await page.evaluate("() => window.__xss") is None
+
+
+# ---- settings, delete, client-side tools, an empty session -------------------------------
+
+
+async def test_settings_rename_and_change_what_the_turn_runs_with(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api, title="before")
+    await open_chat(page, live_server.url, session_id)
+    await page.click("#settings-toggle")
+    assert await page.input_value("#set-title") == "before"
+    assert await page.input_value("#set-approval") == "ask"
+    # The catalog's models are offered beside the default.
+    models = (await api.get("/v1/models")).json()["data"]
+    await page.wait_for_function(
+        f"() => document.querySelectorAll('#set-model option').length === {len(models) + 1}"
+    )
+    options = await page.locator("#set-model option").evaluate_all(
+        "(os) => os.map((o) => o.value)"
+    )
+    assert options == ["", *[m["id"] for m in models]]
+    await page.fill("#set-title", "after")
+    await page.select_option("#set-approval", "always-allow")
+    await page.fill("#set-prompt", "Answer briefly.")
+    await page.click("#save-settings")
+    await page.wait_for_selector("#settings-state:text('Saved.')")
+    assert (await page.locator("#title").text_content()) == "after"
+    session = (await api.get(f"/v1/sessions/{session_id}")).json()
+    assert session["title"] == "after"
+    assert session["approval_mode"] == "always-allow"
+    assert session["system_prompt"] == "Answer briefly."
+    # The changes are Actions in the conversation, shown live.
+    await page.locator('#list .part[data-type="action"]').first.wait_for()
+    assert await page.locator('#list .part[data-type="action"]').count() == 2
+    await page.click("#save-settings")
+    await page.wait_for_selector("#settings-state:text('Nothing changed.')")
+
+
+async def test_delete_asks_twice_then_leaves_for_the_list(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api)
+    await open_chat(page, live_server.url, session_id)
+    await page.click("#settings-toggle")
+    await page.click("#delete-session")
+    assert (await api.get(f"/v1/sessions/{session_id}")).status_code == 200
+    assert "Really delete" in (
+        await page.locator("#delete-session").text_content() or ""
+    )
+    await page.click("#delete-session")
+    await page.wait_for_url(f"{live_server.url}/sessions")
+    assert (await api.get(f"/v1/sessions/{session_id}")).status_code == 404
+
+
+async def test_a_client_side_tool_is_answered_from_its_form(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    tool = {
+        "name": "get_location",
+        "type": "client_side",
+        "parameters": {"type": "object"},
+    }
+    created = await api.post("/v1/sessions", json={"tools": [tool]})
+    session_id = created.json()["id"]
+    await open_chat(page, live_server.url, session_id)
+    await send(page, "/scenario call get_location {}")
+    form = page.locator('#list .part[data-type="tool_call"] .tool-answer')
+    await form.wait_for()
+    await form.locator("textarea").fill("not json")
+    await form.locator(".send-result").click()
+    assert "Not JSON" in (await form.locator(".error-text").text_content() or "")
+    await form.locator("textarea").fill('{"city": "Riga"}')
+    await form.locator(".send-result").click()
+    shown = await decided_turn(page, api, session_id)
+    assert shown[-1]["text"].endswith('returned {"city": "Riga"}.')
+    assert await page.locator(".tool-answer").count() == 0
+
+
+async def decided_turn(
+    page: "Page", api: httpx.AsyncClient, session_id: str
+) -> list[dict[str, Any]]:
+    await wait_idle(api, session_id)
+    return await wait_converged(page, api, session_id)
+
+
+async def test_an_empty_session_offers_scenarios(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api)
+    await open_chat(page, live_server.url, session_id)
+    await page.wait_for_selector("#empty:not([hidden])")
+    await page.click('#empty [data-scenario="/scenario reasoning"]')
+    assert await page.input_value("#text") == "/scenario reasoning"
+    await page.click("#send")
+    await page.wait_for_selector("#empty", state="hidden")

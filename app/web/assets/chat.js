@@ -1,9 +1,10 @@
 // The chat view of one session: a live `SyncView` of the JavaScript client (newest
 // page, then every Mutation), older pages when scrolled to the top, a message box,
-// Stop (cancel) and a connection indicator. `?limit=N` sets the page size (1-200).
+// Stop (cancel), a connection indicator, and the session's settings (title, model,
+// approval mode, system prompt; delete). `?limit=N` sets the page size (1-200).
 
 import { EvermirrorError, SyncView } from "./client/index.js";
-import { $, askForKey, describe, forgetKey, isKeyRefusal, newClient, sleep, storedKey } from "./common.js";
+import { $, askForKey, describe, el, forgetKey, isKeyRefusal, newClient, sleep, storedKey } from "./common.js";
 import { MessageList } from "./render.js";
 
 const STATUS_TEXT = {
@@ -35,7 +36,9 @@ let unavailable = false;
 // so a retry the service did receive is not stored twice.
 let attempt;
 
-const list = new MessageList($("#list"), { respond, rate });
+const list = new MessageList($("#list"), { respond, rate, answerTool });
+// The session as last read or saved: what the settings form starts from.
+let info;
 
 function notice(text) {
   $("#notice").textContent = text ?? "";
@@ -58,6 +61,9 @@ function streaming() {
 
 function showControls() {
   const usable = session !== undefined;
+  $("#settings-toggle").disabled = !usable;
+  // An empty session: a hint, with scenarios to try.
+  $("#empty").hidden = !(view?.status === "live" && view.messages.length === 0 && !view.hasMore);
   textBox.disabled = !usable;
   $("#send").disabled = !usable || sending || textBox.value.trim() === "";
   $("#stop").disabled = !usable || !(streaming() || sending);
@@ -170,6 +176,98 @@ async function respond(interactionId, decision) {
   }
 }
 
+/** A client-side tool's result (or error), typed into its form. What it changes (the
+ * tool completes, the turn goes on) arrives through the live view. */
+async function answerTool(result) {
+  try {
+    await session.submitToolResults([result]);
+  } catch (error) {
+    if (isKeyRefusal(error)) restart(error);
+    throw new Error(`Not sent: ${describe(error)}`);
+  }
+}
+
+function showTitle() {
+  const title = info?.title || "Untitled session";
+  $("#title").textContent = title;
+  document.title = `${title} · evermirror`;
+}
+
+/** The settings form, filled from the session as last read; the catalog's models are
+ * read when it first opens. */
+async function openSettings() {
+  const panel = $("#settings");
+  const opening = panel.hidden;
+  panel.hidden = !opening;
+  $("#settings-toggle").setAttribute("aria-expanded", String(opening));
+  if (!opening) return;
+  $("#settings-state").textContent = "";
+  $("#set-title").value = info?.title ?? "";
+  $("#set-approval").value = info?.approval_mode ?? "ask";
+  $("#set-prompt").value = info?.system_prompt ?? "";
+  const select = $("#set-model");
+  if (select.options.length === 1) {
+    try {
+      const models = await session.client.request("GET", "/models");
+      for (const model of models.data ?? []) {
+        select.append(el("option", { value: String(model.id), text: String(model.name ?? model.id) }));
+      }
+    } catch (error) {
+      $("#settings-state").textContent = `Models could not be read: ${describe(error)}`;
+    }
+  }
+  select.value = info?.model_id ?? "";
+}
+
+/** Save what changed, as one PATCH: a change of model, approval mode or system prompt
+ * shows in the conversation as an Action. */
+async function saveSettings() {
+  const patch = {};
+  const title = $("#set-title").value;
+  const model = $("#set-model").value || null;
+  const approval = $("#set-approval").value;
+  const prompt = $("#set-prompt").value;
+  if (title !== (info?.title ?? "")) patch.title = title || null;
+  if (model !== (info?.model_id ?? null)) patch.model_id = model;
+  if (approval !== (info?.approval_mode ?? "ask")) patch.approval_mode = approval;
+  if (prompt !== (info?.system_prompt ?? "")) patch.system_prompt = prompt || null;
+  const state = $("#settings-state");
+  if (Object.keys(patch).length === 0) {
+    state.textContent = "Nothing changed.";
+    return;
+  }
+  $("#save-settings").disabled = true;
+  try {
+    info = await session.update(patch);
+    showTitle();
+    state.textContent = "Saved.";
+  } catch (error) {
+    if (isKeyRefusal(error)) return restart(error);
+    state.textContent = `Not saved: ${describe(error)}`;
+  } finally {
+    $("#save-settings").disabled = false;
+  }
+}
+
+/** Delete, after a second press: the session, its messages and events go. */
+async function deleteSession() {
+  const button = $("#delete-session");
+  if (button.dataset.confirm !== "yes") {
+    button.dataset.confirm = "yes";
+    button.textContent = "Really delete? Press again";
+    return;
+  }
+  button.disabled = true;
+  try {
+    view?.close();
+    await session.delete();
+    location.assign("../../sessions");
+  } catch (error) {
+    button.disabled = false;
+    $("#settings-state").textContent = `Not deleted: ${describe(error)}`;
+  }
+}
+
 /** Thumbs up / down: shown at once, taken back if the service refuses it. */
 async function rate(messageId, rating) {
   const ratings = list.context.ratings;
@@ -203,10 +301,8 @@ async function open() {
   for (;;) {
     const candidate = newClient().session(sessionId);
     try {
-      const info = await candidate.get();
-      const title = info.title || "Untitled session";
-      $("#title").textContent = title;
-      document.title = `${title} · evermirror`;
+      info = await candidate.get();
+      showTitle();
       session = candidate;
       break;
     } catch (error) {
@@ -262,6 +358,19 @@ textBox.addEventListener("keydown", (event) => {
 });
 textBox.addEventListener("input", showControls);
 $("#stop").addEventListener("click", stop);
+$("#settings-toggle").addEventListener("click", openSettings);
+$("#settings-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  saveSettings();
+});
+$("#delete-session").addEventListener("click", deleteSession);
+for (const button of document.querySelectorAll("#empty [data-scenario]")) {
+  button.addEventListener("click", () => {
+    textBox.value = button.dataset.scenario;
+    textBox.focus();
+    showControls();
+  });
+}
 $("#load-older").addEventListener("click", loadOlder);
 box.addEventListener(
   "scroll",

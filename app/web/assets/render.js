@@ -141,7 +141,53 @@ function toolResultBody(result) {
   );
 }
 
-function toolCallPart(part, result) {
+/** A client-side tool waiting for its result: a JSON result, or an error, sent as
+ * `POST .../tool-results` (the client's submitToolResults()). */
+function toolAnswer(part, context) {
+  const id = String(part.id ?? "");
+  const input = el("textarea", {
+    class: "answer-input",
+    rows: 3,
+    placeholder: '{"result": "…"} (JSON) or, for an error, its text',
+    "aria-label": `Result of ${String(part.name ?? "the tool")}`,
+  });
+  const failure = el("p", { class: "error-text", role: "alert" });
+  const answer = (asError) => {
+    let result;
+    if (asError) {
+      result = { tool_call_id: id, error: input.value || "failed" };
+    } else {
+      try {
+        result = { tool_call_id: id, result: JSON.parse(input.value) };
+      } catch {
+        failure.textContent = "Not JSON: a result is a JSON value (a string needs its quotes).";
+        return;
+      }
+    }
+    failure.textContent = "";
+    for (const button of node.querySelectorAll("button")) button.disabled = true;
+    context.answerTool(result).catch((error) => {
+      failure.textContent = String(error?.message ?? error);
+      for (const button of node.querySelectorAll("button")) button.disabled = false;
+    });
+  };
+  const node = el(
+    "div",
+    { class: "tool-answer" },
+    el("span", { class: "label", text: "This tool runs in your app: answer it" }),
+    input,
+    el(
+      "div",
+      { class: "actions" },
+      el("button", { type: "button", class: "send-result", text: "Send result", onclick: () => answer(false) }),
+      el("button", { type: "button", class: "send-error", text: "Send as error", onclick: () => answer(true) }),
+    ),
+    failure,
+  );
+  return node;
+}
+
+function toolCallPart(part, result, context) {
   const status = String(part.status ?? (result ? (result.error ? "failed" : "completed") : "ready"));
   return [
     el(
@@ -154,7 +200,17 @@ function toolCallPart(part, result) {
     el("span", { class: "label", text: "Arguments" }),
     el("pre", { class: "tool-arguments", text: json(part.arguments ?? {}) }),
     toolResultBody(result),
+    status === "awaiting_client" && !result && context.answerTool ? toolAnswer(part, context) : null,
   ];
+}
+
+/** A decision in words: "Approved", "Denied: <reason>". */
+function decisionText(response) {
+  if (response && typeof response === "object" && typeof response.decision === "string") {
+    const said = response.decision === "approve" ? "Approved" : response.decision === "deny" ? "Denied" : response.decision;
+    return typeof response.reason === "string" && response.reason ? `${said}: ${response.reason}` : said;
+  }
+  return json(response);
 }
 
 function interactionPart(part, context) {
@@ -169,7 +225,9 @@ function interactionPart(part, context) {
     ),
   ];
   if (part.prompt) nodes.push(el("div", { class: "prompt", text: String(part.prompt) }));
-  if (part.response !== undefined && part.response !== null) nodes.push(el("pre", { text: json(part.response) }));
+  if (part.response !== undefined && part.response !== null) {
+    nodes.push(el("p", { class: "decision", text: decisionText(part.response) }));
+  }
   if (OPEN_INTERACTIONS.has(status)) {
     const id = String(part.interaction_id ?? "");
     // Disabled once a decision is sent (until it is refused): one click, one decision.
@@ -213,7 +271,7 @@ function partNode(part, message, context, result) {
       return node;
     }
     case "tool_call":
-      return el("div", { class: "part tool", ...base, dataset: { ...base.dataset, status: part.status } }, toolCallPart(part, result));
+      return el("div", { class: "part tool", ...base, dataset: { ...base.dataset, status: part.status } }, toolCallPart(part, result, context));
     case "tool_result":
       return el(
         "div",
