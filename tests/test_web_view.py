@@ -840,3 +840,45 @@ async def test_an_empty_session_offers_scenarios(
     assert await page.input_value("#text") == "/scenario reasoning"
     await page.click("#send")
     await page.wait_for_selector("#empty", state="hidden")
+
+
+async def test_a_turns_details_come_from_its_events(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api)
+    await post(api, session_id, text_body("/scenario tool tea"))
+    await wait_idle(api, session_id)
+    await open_chat(page, live_server.url, session_id)
+    await wait_converged(page, api, session_id)
+    details = page.locator("#list .turn-details")
+    assert await details.count() == 1
+    await details.locator("summary").first.click()
+    await details.locator(".turn-events li").first.wait_for()
+    facts = dict(
+        zip(
+            await details.locator(".turn-facts dt").all_text_contents(),
+            await details.locator(".turn-facts dd").all_text_contents(),
+            strict=True,
+        )
+    )
+    assert facts["Model"] == "scripted"
+    assert facts["Outcome"] == "completed"
+    assert facts["Steps"] == "2"
+    assert facts["Tool calls"] == "1"
+    turn_id = await details.get_attribute("data-turn-id")
+    listed = (
+        await api.get(
+            f"/v1/sessions/{session_id}/events",
+            params={"turn_id": turn_id, "limit": 1000},
+        )
+    ).json()["data"]
+    shown = await details.locator(".turn-events li").evaluate_all(
+        "(items) => items.map((i) => i.dataset.type)"
+    )
+    assert shown == [e["type"] for e in listed]
+    assert "tool.completed" in shown
+    last = details.locator(".turn-events li").last
+    await last.locator("summary").click()
+    assert (
+        json.loads(await last.locator("pre").text_content() or "") == listed[-1]["data"]
+    )

@@ -36,7 +36,7 @@ let unavailable = false;
 // so a retry the service did receive is not stored twice.
 let attempt;
 
-const list = new MessageList($("#list"), { respond, rate, answerTool });
+const list = new MessageList($("#list"), { respond, rate, answerTool, turnEvents });
 // The session as last read or saved: what the settings form starts from.
 let info;
 
@@ -185,6 +185,14 @@ async function answerTool(result) {
     if (isKeyRefusal(error)) restart(error);
     throw new Error(`Not sent: ${describe(error)}`);
   }
+}
+
+/** A turn's durable events, oldest first (`GET .../events?turn_id=`). */
+async function turnEvents(turnId) {
+  const page = await session.client.request("GET", session.path("/events"), {
+    query: { turn_id: turnId, limit: 1000 },
+  });
+  return page.data;
 }
 
 function showTitle() {

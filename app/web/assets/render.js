@@ -336,6 +336,62 @@ function metaNode(message) {
   );
 }
 
+/** What a turn ran with and did, from its durable events (read when first opened):
+ * the model, steps, tool calls, time and token usage, then every event, each
+ * expandable to its data. */
+function turnDetailsNode(message, context) {
+  const turnId = String(message.turn_id ?? "");
+  const body = el("div", { class: "turn-body" });
+  const details = el(
+    "details",
+    { class: "turn-details", dataset: { turnId } },
+    el("summary", { text: "Turn details" }),
+    body,
+  );
+  const show = (events) => {
+    const started = events.find((e) => e.type === "output.message.started");
+    const ended = events.find((e) => ["turn.completed", "turn.failed", "turn.cancelled"].includes(e.type));
+    const data = ended?.data ?? {};
+    const facts = [
+      ["Model", started?.data?.model],
+      ["Outcome", ended ? ended.type.replace("turn.", "") : "running"],
+      ["Steps", data.iterations],
+      ["Tool calls", data.tool_call_count],
+      ["Time", Number.isInteger(data.duration_ms) ? `${(data.duration_ms / 1000).toFixed(1)} s` : undefined],
+      ...Object.entries(data.usage ?? {}).map(([name, value]) => [name.replaceAll("_", " "), value]),
+    ].filter(([, value]) => value !== undefined && value !== null);
+    body.replaceChildren(
+      el("dl", { class: "turn-facts" }, facts.map(([name, value]) => [el("dt", { text: name }), el("dd", { text: String(value) })])),
+      el(
+        "ol",
+        { class: "turn-events", "aria-label": "Events" },
+        events.map((event) =>
+          el(
+            "li",
+            { dataset: { type: event.type } },
+            el(
+              "details",
+              {},
+              el("summary", {}, el("span", { class: "event-type", text: event.type }), " ", timeOf(event.ts)),
+              el("pre", { text: json(event.data) }),
+            ),
+          ),
+        ),
+      ),
+    );
+  };
+  details.addEventListener("toggle", () => {
+    if (!details.open || details.dataset.loaded) return;
+    details.dataset.loaded = "yes";
+    body.replaceChildren(el("p", { text: "Reading the turn's events…" }));
+    context.turnEvents(turnId).then(show, (error) => {
+      delete details.dataset.loaded;
+      body.replaceChildren(el("p", { class: "error-text", text: `Events could not be read: ${error?.message ?? error}` }));
+    });
+  });
+  return details;
+}
+
 /** Thumbs up / down on a finished agent message: this key's rating, pressed when
  * given; pressing the given one again takes it back. */
 function feedbackNode(message, context) {
@@ -438,6 +494,9 @@ export class MessageList {
     }
     if (message.role === "agent" && message.state !== "streaming" && this.context.rate) {
       children.push(feedbackNode(message, this.context));
+    }
+    if (message.role === "agent" && message.state !== "streaming" && message.turn_id && this.context.turnEvents) {
+      children.push(turnDetailsNode(message, this.context));
     }
     entry.parts = parts;
     node.replaceChildren(...children);
