@@ -19,6 +19,7 @@ from app import __doc__ as app_doc
 from app.api.ag_ui import router as ag_ui_router
 from app.api.agent import card_router, router as agent_router
 from app.api.asgi import Service, TracedService
+from app.api.branches import router as branches_router
 from app.api.catalog import router as catalog_router
 from app.api.chat import router as chat_router
 from app.api.conditional import IfNoneMatchStarMiddleware
@@ -76,6 +77,7 @@ def api_router() -> APIRouter:
     # The streams come before messages so `/messages/stream` is not read as a message id.
     for feature in (
         sessions_router,
+        branches_router,
         live_router,
         messages_router,
         events_router,

@@ -370,6 +370,23 @@ def route_walk(
             None,
             {},
         ),
+        ("fork_session", "POST", f"{base}/fork", {}, None, {}),
+        (
+            "regenerate_message",
+            "POST",
+            f"{base}/messages/{last_mid}/regenerate",
+            None,
+            None,
+            {},
+        ),
+        (
+            "edit_message",
+            "POST",
+            f"{base}/messages/{mid}/edit",
+            {"message": {"content": [{"type": "text", "text": "edited"}]}},
+            None,
+            {},
+        ),
         (
             "run_session_agent",
             "POST",
@@ -424,6 +441,9 @@ ROUTE_NAMES = [
     "list_interactions",
     "resolve_interaction",
     "submit_tool_approvals",
+    "fork_session",
+    "regenerate_message",
+    "edit_message",
     "run_session_agent",
     "session_agent_capabilities",
 ]

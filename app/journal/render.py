@@ -8,8 +8,16 @@ from app.ids import format_id
 
 # Kept for replay, never returned by the API.
 HIDDEN_PART_TYPES = frozenset({"provider_opaque"})
-# Fields of `extra` that appear on the wire, in upstream's order.
-EXTRA_FIELDS = ("phase", "phase_source", "controls", "metadata", "external_actor")
+# Fields of `extra` that appear on the wire, in upstream's order; then `origin`, the
+# message a forked session's copy was made from.
+EXTRA_FIELDS = (
+    "phase",
+    "phase_source",
+    "controls",
+    "metadata",
+    "external_actor",
+    "origin",
+)
 
 
 def wire_content(content: list[dict[str, Any]]) -> list[dict[str, Any]]:

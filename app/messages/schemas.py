@@ -289,6 +289,14 @@ ContentPart = Annotated[
 ]
 
 
+class MessageOrigin(Schema):
+    """Where a forked session's copy of a message comes from."""
+
+    session_id: str
+    message_id: str
+    turn_id: str | None = None
+
+
 class Message(Schema):
     id: str = Field(description="Unique message ID (format: message_{32-hex})")
     session_id: str
@@ -300,6 +308,9 @@ class Message(Schema):
     controls: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     external_actor: dict[str, Any] | None = None
+    origin: MessageOrigin | None = Field(
+        default=None, description="In a forked session: the message this one copies."
+    )
     created_at: str
     updated_at: str
     revision: int = Field(description="+1 at every durable checkpoint of this message.")

@@ -147,6 +147,18 @@ class Session(Schema):
     )
     tools: list[dict[str, Any]] | None = None
     approval_mode: ApprovalMode | None = None
+    forked_from_session_id: str | None = Field(
+        default=None, description="The session this one was forked from."
+    )
+    forked_from_sequence: int | None = Field(
+        default=None,
+        description="The sequence of the last message of that session the fork holds.",
+    )
+    forked_from_message_id: str | None = Field(
+        default=None,
+        description="The message of that session the fork's history ends at (absent: "
+        "the whole history).",
+    )
     self_url: str
     view_url: str
     ui_link: str
@@ -168,3 +180,25 @@ class SessionPage(Schema):
 class CancelTurnResponse(Schema):
     status: Literal["cancelled", "no_op"]
     message: str
+
+
+class ForkCreate(InputSchema):
+    message_id: str | None = Field(
+        default=None,
+        pattern=r"^message_[0-9a-f]{32}$",
+        description="Where the fork's history ends (absent: the whole history).",
+    )
+    include_message: bool = Field(
+        default=True,
+        description="Whether that message is in the fork, or ends before it.",
+    )
+    title: Title | None = Field(default=None, description="Absent: the source's title.")
+    tags: Tags | None = Field(default=None, description="Absent: the source's tags.")
+
+
+class Branch(Schema):
+    """A fork that asks again: the new session, and the message posted in it (its
+    `turn_id` the turn it started)."""
+
+    session: Session
+    message: dict[str, Any]

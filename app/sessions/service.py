@@ -30,6 +30,9 @@ ATTRIBUTE_FIELDS = (
     "source",
     "tools",
     "approval_mode",
+    "forked_from_session_id",
+    "forked_from_sequence",
+    "forked_from_message_id",
 )
 # Upstream's SessionActivity filter values, mapped onto our status.
 STATUS_FILTERS = {
@@ -87,21 +90,43 @@ async def create_session(
     data: schemas.SessionCreate,
     external_id: str | None = None,
 ) -> models.Session:
-    now = utcnow()
     fields = data.model_dump(exclude_unset=True, exclude_none=True)
     if data.tools is not None:
         # Whole definitions, defaults included (`type` is `client_side` unless sent).
         fields["tools"] = [tool.model_dump(exclude_none=True) for tool in data.tools]
+    return await insert_session(
+        db,
+        organization_id=organization_id,
+        title=data.title,
+        tags=data.tags or [],
+        attributes={
+            k: v for k, v in fields.items() if k not in ("title", "tags", "expires_at")
+        },
+        expires_at=data.expires_at,
+        external_id=external_id,
+    )
+
+
+async def insert_session(
+    db: Write,
+    *,
+    organization_id: uuid.UUID,
+    title: str | None,
+    tags: list[str],
+    attributes: dict[str, Any],
+    expires_at: datetime | None = None,
+    external_id: str | None = None,
+) -> models.Session:
+    """A new session row, with no messages yet."""
+    now = utcnow()
     values: dict[str, Any] = {
         "id": uuid7(),
         "organization_id": organization_id,
-        "title": data.title,
+        "title": title,
         "status": "started",
-        "tags": data.tags or [],
-        "attributes": {
-            k: v for k, v in fields.items() if k not in ("title", "tags", "expires_at")
-        },
-        "expires_at": data.expires_at,
+        "tags": tags,
+        "attributes": attributes,
+        "expires_at": expires_at,
         "last_sequence": 0,
         "last_input_sequence": 0,
         "visible_message_count": 0,
