@@ -379,3 +379,39 @@ async def test_a_stopped_turn_ends_with_abort_and_is_counted(
         metrics = (await client.get("/metrics")).text
         assert 'evermirror_streams_opened_total{stream="ai_sdk"}' in metrics
         assert 'evermirror_streams_open{stream="ai_sdk"} 0.0' in metrics
+
+
+async def test_regenerate_asks_again_in_a_fork_where_the_chat_goes_on(
+    client: httpx.AsyncClient,
+) -> None:
+    question = user("ui-q", "say it again")
+    first = await chat(client, "chat-regen", question)
+    [old] = await sessions_of(client)
+    await wait_idle(client, old)
+    answer = {"id": first[0]["messageId"], "role": "assistant", "parts": []}
+    response = await client.post(
+        "/v1/chat",
+        json={
+            "id": "chat-regen",
+            "messages": [question, answer],
+            "trigger": "regenerate-message",
+            "messageId": answer["id"],
+        },
+    )
+    assert response.status_code == 200, response.text
+    again = chunks_of(response.text)
+    balanced(again)
+    assert text_deltas(again) == "say it again"
+    assert again[0]["messageId"] != answer["id"]
+    sessions = await sessions_of(client)
+    assert len(sessions) == 2
+    new = next(s for s in sessions if s != old)
+    forked = (await client.get(f"/v1/sessions/{new}")).json()
+    assert forked["forked_from_session_id"] == old
+    # The old branch is untouched; the chat goes on in the fork.
+    assert [text_of(m) for m in await all_messages(client, old)] == ["say it again"] * 2
+    await wait_idle(client, new)
+    more = await chat(client, "chat-regen", question, answer, user("ui-2", "and then"))
+    assert text_deltas(more) == "and then"
+    assert [text_of(m) for m in await all_messages(client, new)][-1] == "and then"
+    assert len(await all_messages(client, old)) == 2

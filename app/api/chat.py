@@ -14,9 +14,10 @@ from app.auth import Caller
 from app.errors import BODY_PROBLEMS, Draining, InvalidRequest, problem_responses
 from app.frontends import ai_sdk, answers as answers_service, runs
 from app.frontends.projection import TurnProjection
-from app.ids import format_id, parse_id
+from app.ids import format_id, parse_id, parse_or_400
 from app.live import frames
 from app.live.response import EventStreamResponse
+from app.sessions import fork, service as sessions
 
 router = APIRouter(tags=["frontends"])
 
@@ -47,13 +48,12 @@ async def chat(
     """The AI SDK's chat endpoint: stores the last message (the user's; its UI id is
     its `client_message_id`, so a message sent again is not stored twice) in the
     session the chat id names (created on first use), and streams the reply of the
-    turn it started or joined as UI message chunks."""
+    turn it started or joined as UI message chunks. `regenerate-message` asks the
+    answer's question again in a fork, where the chat goes on."""
     if state.draining:
         raise Draining("streams")
-    if data.trigger != "submit-message":
-        raise InvalidRequest(
-            "trigger: only submit-message is served; regenerate-message is not"
-        )
+    if data.trigger == "regenerate-message":
+        return await _regenerate(state, caller, data)
     if data.messages[-1].role == "assistant":
         return await _answer(state, caller, data)
     try:
@@ -79,6 +79,38 @@ async def chat(
     turn_id = parse_id("turn", snapshot["turn_id"])
     cursor = await runs.turn_cursor(state.database, session_id, turn_id)
     return _turn_stream(state, caller, session_id, turn_id, cursor)
+
+
+async def _regenerate(
+    state: AppState, caller: Caller, data: ai_sdk.ChatRequest
+) -> EventStreamResponse:
+    """`regenerate-message`: the answer (`messageId`, else the last assistant message
+    sent) is asked again in a fork of the chat's session that ends before its
+    question, and the chat id moves to the fork, so the chat goes on there; the old
+    branch stays a session of its own (`forked_from_*` links them)."""
+    answer_id = data.messageId or next(
+        (m.id for m in reversed(data.messages) if m.role == "assistant"), None
+    )
+    if answer_id is None:
+        raise InvalidRequest("messageId: no assistant message to regenerate")
+    message_id = parse_or_400("message", "messageId", answer_id)
+    session_id = await _session(state, caller, data.id, create=False)
+    if session_id is None:
+        raise InvalidRequest("id: no chat of this id has started")
+    async with state.database.write() as db:
+        forked = await fork.ask_again(
+            db,
+            organization_id=caller.organization_id,
+            session_id=session_id,
+            message_id=message_id,
+            content=None,
+            admission=state.admission,
+        )
+        await sessions.move_external_id(db, source=session_id, target=forked.session.id)
+    assert forked.message is not None
+    turn_id = parse_id("turn", wire.loads(forked.message)["turn_id"])
+    cursor = await runs.turn_cursor(state.database, forked.session.id, turn_id)
+    return _turn_stream(state, caller, forked.session.id, turn_id, cursor)
 
 
 async def _answer(

@@ -141,6 +141,26 @@ async def insert_session(
     return models.Session(**values)
 
 
+async def move_external_id(db: Write, *, source: uuid.UUID, target: uuid.UUID) -> None:
+    """The frontend's id for a conversation now names `target` (a fork of `source`)."""
+    conn = await db.core()
+    external_id = await conn.scalar(
+        select(models.Session.external_id).where(models.Session.id == source)
+    )
+    if external_id is None:
+        return
+    await conn.execute(
+        update(models.Session)
+        .where(models.Session.id == source)
+        .values(external_id=None)
+    )
+    await conn.execute(
+        update(models.Session)
+        .where(models.Session.id == target)
+        .values(external_id=external_id)
+    )
+
+
 async def session_for_chat(
     db: Write, *, organization_id: uuid.UUID, chat_id: str, create: bool
 ) -> uuid.UUID | None:
