@@ -882,3 +882,57 @@ async def test_a_turns_details_come_from_its_events(
     assert (
         json.loads(await last.locator("pre").text_content() or "") == listed[-1]["data"]
     )
+
+
+# ---- branches ----------------------------------------------------------------------------
+
+
+async def moved_from(page: "Page", session_id: str) -> str:
+    """Waits until the page shows another session's chat; that session's id."""
+    chat = re.compile(r"/sessions/(session_[0-9a-f]{32})/chat$")
+
+    def elsewhere(url: str) -> bool:
+        found = chat.search(url)
+        return found is not None and found.group(1) != session_id
+
+    await page.wait_for_url(elsewhere)
+    found = chat.search(page.url)
+    assert found is not None
+    return found.group(1)
+
+
+async def test_regenerate_and_edit_move_to_a_branch_that_links_back(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api)
+    await post(api, session_id, text_body("the question"))
+    await wait_idle(api, session_id)
+    await open_chat(page, live_server.url, session_id)
+    await wait_converged(page, api, session_id)
+    assert await page.is_hidden("#branch-of")
+    await page.click("#list .message[data-role='agent'] button.regenerate")
+    regenerated = await moved_from(page, session_id)
+    assert regenerated != session_id
+    await wait_idle(api, regenerated)
+    shown = await wait_converged(page, api, regenerated)
+    assert [m["text"] for m in shown] == ["the question", "the question"]
+    source_link = page.locator("#branch-of")
+    await source_link.wait_for()
+    assert (
+        await source_link.get_attribute("href")
+    ) == f"../../sessions/{session_id}/chat"
+    # Edit: the question goes to the message box; sending asks it in another branch.
+    await page.click("#list .message[data-role='user'] button.edit")
+    assert await page.input_value("#text") == "the question"
+    assert await page.is_visible("#editing")
+    await page.fill("#text", "a better question")
+    await page.click("#send")
+    edited = await moved_from(page, regenerated)
+    assert edited not in (session_id, regenerated)
+    await wait_idle(api, edited)
+    shown = await wait_converged(page, api, edited)
+    assert [m["text"] for m in shown] == ["a better question", "a better question"]
+    # Neither branch changed what it came from.
+    for untouched in (session_id, regenerated):
+        messages = await api_messages(api, untouched)
+        assert [m["text"] for m in messages] == ["the question", "the question"]

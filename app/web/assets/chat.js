@@ -36,7 +36,9 @@ let unavailable = false;
 // so a retry the service did receive is not stored twice.
 let attempt;
 
-const list = new MessageList($("#list"), { respond, rate, answerTool, turnEvents });
+const list = new MessageList($("#list"), { respond, rate, answerTool, turnEvents, branch });
+// The user message being edited: the next send asks the box's text in a fork before it.
+let editing;
 // The session as last read or saved: what the settings form starts from.
 let info;
 
@@ -122,9 +124,50 @@ function newMessageId() {
   return Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
+/** Regenerate an answer at once; edit a question through the message box. Either
+ * way the service forks before the question, and the page moves to the branch. */
+async function branch(message) {
+  if (message.role === "user") {
+    editing = message;
+    textBox.value = message.content
+      .filter((part) => part.type === "text")
+      .map((part) => part.text)
+      .join("");
+    $("#editing").hidden = false;
+    textBox.focus();
+    showControls();
+    return;
+  }
+  await askAgain(`/messages/${encodeURIComponent(message.id)}/regenerate`, undefined);
+}
+
+async function askAgain(suffix, body) {
+  sending = true;
+  showControls();
+  try {
+    const made = await session.client.request("POST", session.path(suffix), { body });
+    location.assign(`../../sessions/${encodeURIComponent(made.session.id)}/chat`);
+  } catch (error) {
+    if (isKeyRefusal(error)) return restart(error);
+    notice(`Not asked again: ${describe(error)}`);
+    sending = false;
+    showControls();
+  }
+}
+
+function stopEditing() {
+  editing = undefined;
+  $("#editing").hidden = true;
+  showControls();
+}
+
 async function send() {
   const text = textBox.value;
   if (!session || sending || text.trim() === "") return;
+  if (editing) {
+    const body = { message: { content: [{ type: "text", text }] } };
+    return askAgain(`/messages/${encodeURIComponent(editing.id)}/edit`, body);
+  }
   if (attempt?.text !== text) attempt = { text, id: newMessageId() };
   sending = true;
   showControls();
@@ -199,6 +242,11 @@ function showTitle() {
   const title = info?.title || "Untitled session";
   $("#title").textContent = title;
   document.title = `${title} · evermirror`;
+  // A branch links to the session it was forked from.
+  const source = info?.forked_from_session_id;
+  const link = $("#branch-of");
+  link.hidden = !source;
+  if (source) link.href = `../../sessions/${encodeURIComponent(source)}/chat`;
 }
 
 /** The settings form, filled from the session as last read; the catalog's models are
@@ -372,6 +420,10 @@ $("#settings-form").addEventListener("submit", (event) => {
   saveSettings();
 });
 $("#delete-session").addEventListener("click", deleteSession);
+$("#cancel-edit").addEventListener("click", () => {
+  stopEditing();
+  textBox.value = "";
+});
 for (const button of document.querySelectorAll("#empty [data-scenario]")) {
   button.addEventListener("click", () => {
     textBox.value = button.dataset.scenario;

@@ -392,6 +392,23 @@ function turnDetailsNode(message, context) {
   return details;
 }
 
+/** Ask again in a branch: Regenerate an answer, or Edit a question (the text goes
+ * to the message box, and sending asks it in a fork). */
+function branchNode(message, context) {
+  const agent = message.role === "agent";
+  return el(
+    "div",
+    { class: "branch" },
+    el("button", {
+      type: "button",
+      class: agent ? "regenerate" : "edit",
+      text: agent ? "Regenerate" : "Edit",
+      title: agent ? "Ask this again in a new branch" : "Change this and ask it in a new branch",
+      onclick: () => context.branch(message),
+    }),
+  );
+}
+
 /** Thumbs up / down on a finished agent message: this key's rating, pressed when
  * given; pressing the given one again takes it back. */
 function feedbackNode(message, context) {
@@ -494,6 +511,9 @@ export class MessageList {
     }
     if (message.role === "agent" && message.state !== "streaming" && this.context.rate) {
       children.push(feedbackNode(message, this.context));
+    }
+    if (this.context.branch && message.state !== "streaming" && (message.role === "user" || message.turn_id)) {
+      children.push(branchNode(message, this.context));
     }
     if (message.role === "agent" && message.state !== "streaming" && message.turn_id && this.context.turnEvents) {
       children.push(turnDetailsNode(message, this.context));
