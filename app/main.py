@@ -348,7 +348,11 @@ def install_middleware(
     # Added innermost first: request context -> CORS -> rate limit -> body guard ->
     # If-None-Match: * -> routes.
     api.add_middleware(IfNoneMatchStarMiddleware)
-    api.add_middleware(BodyGuardMiddleware, max_body_bytes=settings.max_body_bytes)
+    api.add_middleware(
+        BodyGuardMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        max_import_bytes=settings.max_import_bytes,
+    )
     if limiter is not None:
         api.add_middleware(RateLimitMiddleware, limiter=limiter)
     if settings.cors_origins:

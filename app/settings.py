@@ -69,6 +69,8 @@ class Settings(BaseSettings):
     # Fixed field caps (titles, tags, labels, URLs) are in app/schemas.py and the
     # OpenAPI document; these are the configurable ones.
     max_body_bytes: int = 1_000_000
+    # `POST /v1/sessions/import`: a session's JSON Lines export, read whole.
+    max_import_bytes: int = 20_000_000
     max_message_parts: int = 100
     # Message text, context and base64 parts; session goal and system_prompt.
     max_text_chars: int = 200_000

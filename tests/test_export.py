@@ -125,3 +125,87 @@ async def test_the_official_sdk_exports(sdk: Everruns) -> None:
         for part in line["message"]["content"]
     ]
     assert texts[0] == "export me"
+
+
+# ---- import ------------------------------------------------------------------------------
+
+JSONL_HEADERS = {"Content-Type": "application/jsonl"}
+
+
+def comparable(message: dict[str, Any]) -> dict[str, Any]:
+    """A message without what an import gives anew (ids, sequence, times, turn,
+    revision) or adds (origin)."""
+    drop = {
+        "id",
+        "session_id",
+        "sequence",
+        "created_at",
+        "updated_at",
+        "turn_id",
+        "revision",
+        "origin",
+    }
+    return {k: v for k, v in message.items() if k not in drop}
+
+
+async def test_an_export_imports_back_to_the_same_messages(
+    client: httpx.AsyncClient,
+) -> None:
+    sid = await create_session(client, title="round trip")
+    for text in ("first", "/scenario tool tea", "/scenario reasoning"):
+        await post_message(client, sid, text)
+        await wait_idle(client, sid)
+    exported = await client.get(f"/v1/sessions/{sid}/export")
+    response = await client.post(
+        "/v1/sessions/import", content=exported.content, headers=JSONL_HEADERS
+    )
+    assert response.status_code == 201, response.text
+    imported = response.json()
+    assert response.headers["location"] == imported["self_url"]
+    assert imported["id"] != sid
+    assert imported["title"] == "round trip"
+    source = [
+        line["message"] for line in lines(exported.content) if line["type"] == "message"
+    ]
+    again = (
+        await client.get(f"/v1/sessions/{imported['id']}/messages?limit=200")
+    ).json()["data"]
+    assert [comparable(m) for m in again] == [comparable(m) for m in source]
+    for copy, original in zip(again, source, strict=True):
+        assert copy["origin"]["message_id"] == original["id"]
+        assert copy["origin"]["session_id"] == sid
+    # The imported session exports like any other.
+    round_two = await client.get(f"/v1/sessions/{imported['id']}/export")
+    assert round_two.status_code == 200
+
+
+async def test_a_malformed_import_names_its_line_and_writes_nothing(
+    client: httpx.AsyncClient,
+) -> None:
+    sid = await create_session(client, title="source")
+    await post_message(client, sid, "hello")
+    await wait_idle(client, sid)
+    good = lines((await client.get(f"/v1/sessions/{sid}/export")).content)
+    dump = [orjson.dumps(line) for line in good]
+    broken_message = orjson.dumps({"type": "message", "message": {"role": "user"}})
+    cases = [
+        (b"", 422, "line 1"),
+        (b"not json\n", 422, "line 1: not JSON"),
+        (dump[1] + b"\n", 422, "line 1: expected the session"),
+        (b"\n".join([dump[0], dump[1], broken_message]) + b"\n", 422, "line 3"),
+        (b"\n".join([dump[0], b'{"type": "other"}']), 422, "line 2"),
+    ]
+    before = (await client.get("/v1/sessions")).json()["data"]
+    for body, status, said in cases:
+        response = await client.post(
+            "/v1/sessions/import", content=body, headers=JSONL_HEADERS
+        )
+        problem = assert_problem(response, status)
+        assert said in problem["detail"], problem
+    wrong_type = await client.post(
+        "/v1/sessions/import",
+        content=b"\n".join(dump),
+        headers={"Content-Type": "application/json"},
+    )
+    assert_problem(wrong_type, 415)
+    assert (await client.get("/v1/sessions")).json()["data"] == before

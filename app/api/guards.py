@@ -47,35 +47,48 @@ def replay(body: bytes, receive: Receive) -> Receive:
     return replayed_receive
 
 
+# The one route whose body is JSON Lines (a session's export), and its media types.
+IMPORT_PATHS = frozenset({"/v1/sessions/import", "/api/v1/sessions/import"})
+JSONL_TYPES = frozenset({"application/jsonl", "application/x-ndjson"})
+
+
+def is_jsonl(content_type: str) -> bool:
+    return content_type.split(";", 1)[0].strip().lower() in JSONL_TYPES
+
+
 class BodyGuardMiddleware:
     """413 for bodies over `max_body_bytes` (declared or streamed), 415 for a body that is
-    not JSON. Runs before routing, so nothing downstream ever sees such a request."""
+    not JSON. Runs before routing, so nothing downstream ever sees such a request. An
+    import takes JSON Lines instead, up to `max_import_bytes`."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int, max_import_bytes: int
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.max_import_bytes = max_import_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
             await self.app(scope, receive, send)
             return
         path = scope.get("path")
+        importing = path in IMPORT_PATHS
+        limit = self.max_import_bytes if importing else self.max_body_bytes
         length = _header(scope, b"content-length")
-        if (
-            length is not None
-            and length.isdigit()
-            and int(length) > self.max_body_bytes
-        ):
-            await self._too_large(scope, receive, send, path)
+        if length is not None and length.isdigit() and int(length) > limit:
+            await self._too_large(scope, receive, send, path, limit)
             return
         content_type = _header(scope, b"content-type")
         has_body = (length is not None and length != "0") or _header(
             scope, b"transfer-encoding"
         ) is not None
-        if has_body and (content_type is None or not is_json(content_type)):
+        accepted = is_jsonl if importing else is_json
+        if has_body and (content_type is None or not accepted(content_type)):
+            wanted = "application/jsonl" if importing else "application/json"
             response = problem_response(
                 415,
-                detail="Request bodies must be JSON (Content-Type: application/json)",
+                detail=f"This request body must be {wanted} (Content-Type: {wanted})",
                 code="unsupported_media_type",
                 instance=path,
             )
@@ -91,8 +104,8 @@ class BodyGuardMiddleware:
                 return
             chunk = message.get("body", b"")
             received += len(chunk)
-            if received > self.max_body_bytes:
-                await self._too_large(scope, receive, send, path)
+            if received > limit:
+                await self._too_large(scope, receive, send, path, limit)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -100,11 +113,11 @@ class BodyGuardMiddleware:
         await self.app(scope, replay(b"".join(chunks), receive), send)
 
     async def _too_large(
-        self, scope: Scope, receive: Receive, send: Send, path: str | None
+        self, scope: Scope, receive: Receive, send: Send, path: str | None, limit: int
     ) -> None:
         response = problem_response(
             413,
-            detail=f"Request body larger than {self.max_body_bytes} bytes",
+            detail=f"Request body larger than {limit} bytes",
             code="payload_too_large",
             instance=path,
         )

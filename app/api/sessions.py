@@ -2,7 +2,7 @@
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Body, Query, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from app import wire
@@ -19,7 +19,7 @@ from app.api.deps import (
 )
 from app.errors import BODY_PROBLEMS, InvalidParameter, problem_responses
 from app.schemas import MAX_INT32, UtcTimestamp
-from app.sessions import actions, export, page, schemas, service
+from app.sessions import actions, export, imports, page, schemas, service
 from app.tools import schema_check
 
 router = APIRouter(tags=["sessions"])
@@ -135,6 +135,34 @@ async def get_session(
     """One session."""
     session = await service.get_session(db, organization_id=org, session_id=session_id)
     return wire.json_response(wire.dumps(service.session_wire(session, base)))
+
+
+@router.post(
+    "/sessions/import",
+    status_code=201,
+    response_model=schemas.Session,
+    responses=problem_responses(400, 401, 422, *BODY_PROBLEMS),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "A session's export (`GET .../export?format=jsonl`)",
+            "content": {JSONL: {"schema": {"type": "string"}}},
+        }
+    },
+)
+async def import_session(
+    request: Request, db: WriteDb, org: OrgId, base: BaseUrl
+) -> Response:
+    """A new session from a JSON Lines export: its title, tags and settings, and its
+    messages in order (new ids, each keeping its `origin`). The whole input is checked
+    first: the first line that is not what an export holds is a 422 naming it, and
+    nothing is written. At most MAX_IMPORT_BYTES."""
+    exported = imports.parse(await request.body())
+    created = await imports.import_session(db, organization_id=org, exported=exported)
+    body = service.session_wire(created, base)
+    return wire.json_response(
+        wire.dumps(body), 201, headers={"Location": body["self_url"]}
+    )
 
 
 @router.get(

@@ -99,32 +99,59 @@ async def fork(
 
 async def _copy(db: Write, session: LockedSession, row: Row[Any]) -> None:
     """One message of the source as a checkpoint of the fork."""
-    now = utcnow()
-    content = [
-        part
-        for part in row.content
-        if not (part.get("type") == "interaction" and part.get("status") == "pending")
-    ]
     origin = {
         "session_id": format_id("session", row.session_id),
         "message_id": format_id("message", row.id),
     }
     if row.turn_id is not None:
         origin["turn_id"] = format_id("turn", row.turn_id)
+    await append_copy(
+        db,
+        session,
+        role=row.role,
+        visibility=row.visibility,
+        content=row.content,
+        extra=row.extra,
+        client_message_id=row.client_message_id,
+        origin=origin,
+    )
+
+
+async def append_copy(
+    db: Write,
+    session: LockedSession,
+    *,
+    role: str,
+    visibility: str,
+    content: list[dict[str, Any]],
+    extra: dict[str, Any],
+    client_message_id: str | None,
+    origin: dict[str, Any],
+) -> None:
+    """A copy of a message (forked or imported) as a checkpoint of `session`:
+    finished, in no turn, without pending approvals, with its `origin`, and with the
+    event it would have had."""
+    now = utcnow()
     message = checkpoint.new_message(
         session,
         now,
         sequence=session.last_sequence + 1,
-        role=row.role,
+        role=role,
         state="done",
-        visibility=row.visibility,
+        visibility=visibility,
         turn_id=None,
-        content=content,
-        extra={**row.extra, "origin": origin},
-        client_message_id=row.client_message_id,
+        content=[
+            part
+            for part in content
+            if not (
+                part.get("type") == "interaction" and part.get("status") == "pending"
+            )
+        ],
+        extra={**extra, "origin": origin},
+        client_message_id=client_message_id,
     )
-    checkpoint.count(session, row.visibility)
-    if row.role == "user":
+    checkpoint.count(session, visibility)
+    if role == "user":
         spec = EventSpec(
             "input.message",
             {"message": render.render(message)},
