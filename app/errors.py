@@ -291,9 +291,18 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     )
 
 
+# Paths that another route's path parameter would also take, and what they serve:
+# `/sessions/import` is not a session id.
+LITERAL_PATHS = {"/sessions/import": "POST"}
+
+
 def _allowed_methods(request: Request) -> str:
     """Every method some route serves at this path (GET /sessions and POST /sessions
     are two routes), found by asking the routes to match a probe of each method."""
+    path = request.scope["path"]
+    for literal, methods in LITERAL_PATHS.items():
+        if path.endswith(literal):
+            return methods
     allowed = []
     for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
         probe: Scope = {

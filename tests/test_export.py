@@ -209,3 +209,12 @@ async def test_a_malformed_import_names_its_line_and_writes_nothing(
     )
     assert_problem(wrong_type, 415)
     assert (await client.get("/v1/sessions")).json()["data"] == before
+
+
+async def test_the_import_path_is_not_a_session_id(client: httpx.AsyncClient) -> None:
+    """`/sessions/import` beside `/sessions/{session_id}`: another method there is a
+    405 allowing POST, not the 400 of a malformed session id."""
+    for method in ("GET", "PATCH", "DELETE", "PUT"):
+        response = await client.request(method, "/v1/sessions/import")
+        assert_problem(response, 405)
+        assert response.headers["allow"] == "POST"

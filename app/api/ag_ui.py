@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from app import wire
 from app.api import endpoints
 from app.api.deps import CallerDep, SessionId, StateDep
+from app.api.sse_schemas import frontend_stream
 from app.api.state import AppState
 from app.auth import Caller
 from app.errors import (
@@ -31,16 +32,15 @@ from app.tools.schemas import ToolDefinition
 router = APIRouter(tags=["frontends"])
 
 RUN_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "The run: AG-UI events, one per `data:` line, from RUN_STARTED "
-        "to RUN_FINISHED or RUN_ERROR.",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
-    },
+    **frontend_stream(
+        "The run: AG-UI events, one per `data:` line, from RUN_STARTED to "
+        "RUN_FINISHED or RUN_ERROR (docs/frontends.md); `: ping` comments"
+    ),
     **problem_responses(400, 401, 404, 409, 422, 429, *BODY_PROBLEMS),
 }
 CAPABILITIES_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"description": "AG-UI AgentCapabilities"},
-    **problem_responses(401, 404),
+    **problem_responses(400, 401, 404),
 }
 
 

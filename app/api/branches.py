@@ -68,7 +68,7 @@ async def fork_session(
     "/sessions/{session_id}/messages/{message_id}/regenerate",
     status_code=201,
     response_model=schemas.Branch,
-    responses=problem_responses(400, 401, 404, 429),
+    responses=problem_responses(400, 401, 404, 429, *BODY_PROBLEMS),
 )
 async def regenerate_message(
     session_id: SessionId,

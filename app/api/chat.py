@@ -2,13 +2,14 @@
 protocol is app/frontends/ai_sdk.py."""
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
 
 from app import wire
 from app.api import endpoints, guards
 from app.api.deps import CallerDep, StateDep
+from app.api.sse_schemas import frontend_stream
 from app.api.state import AppState
 from app.auth import Caller
 from app.errors import BODY_PROBLEMS, Draining, InvalidRequest, problem_responses
@@ -21,13 +22,11 @@ from app.sessions import fork, service as sessions
 
 router = APIRouter(tags=["frontends"])
 
-UI_STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "The UI message stream, v1 (`x-vercel-ai-ui-message-stream`): "
-        "one chunk per `data:` line, then `data: [DONE]`.",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
-    }
-}
+UI_STREAM_RESPONSES = frontend_stream(
+    "The UI message stream, v1 (`x-vercel-ai-ui-message-stream`): one chunk per "
+    "`data:` line, then `data: [DONE]` (docs/frontends.md); `: ping` comments",
+    done=True,
+)
 
 ChatIdPath = Annotated[
     str, Path(pattern=ai_sdk.CHAT_ID_PATTERN, description="The chat's id")
@@ -144,7 +143,7 @@ async def _answer(
     responses={
         **UI_STREAM_RESPONSES,
         204: {"description": "No turn is running in the chat's session."},
-        **problem_responses(401, 404, 429),
+        **problem_responses(400, 401, 404, 429),
     },
 )
 async def resume_chat(

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Path, Request
 from sqlalchemy.ext.asyncio import AsyncSession
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.state import AppState
 from app.auth import Caller
@@ -105,7 +106,12 @@ async def session_id_path(
             json_schema_extra={"pattern": "^session_[0-9a-f]{32}$"},
         ),
     ],
+    request: Request,
 ) -> uuid.UUID:
+    if session_id == "import" and request.url.path.endswith("/sessions/import"):
+        # `POST /sessions/import` is a route of its own, not a session id: another
+        # method there is a 405, not the 400 of a malformed id.
+        raise StarletteHTTPException(405, headers={"Allow": "POST"})
     return parse_or_400("session", "session", session_id)
 
 

@@ -124,19 +124,6 @@ async def list_sessions(
     )
 
 
-@router.get(
-    "/sessions/{session_id}",
-    response_model=schemas.Session,
-    responses=problem_responses(400, 401, 404),
-)
-async def get_session(
-    session_id: SessionId, db: ReadDb, org: OrgId, base: BaseUrl
-) -> Response:
-    """One session."""
-    session = await service.get_session(db, organization_id=org, session_id=session_id)
-    return wire.json_response(wire.dumps(service.session_wire(session, base)))
-
-
 @router.post(
     "/sessions/import",
     status_code=201,
@@ -163,6 +150,19 @@ async def import_session(
     return wire.json_response(
         wire.dumps(body), 201, headers={"Location": body["self_url"]}
     )
+
+
+@router.get(
+    "/sessions/{session_id}",
+    response_model=schemas.Session,
+    responses=problem_responses(400, 401, 404),
+)
+async def get_session(
+    session_id: SessionId, db: ReadDb, org: OrgId, base: BaseUrl
+) -> Response:
+    """One session."""
+    session = await service.get_session(db, organization_id=org, session_id=session_id)
+    return wire.json_response(wire.dumps(service.session_wire(session, base)))
 
 
 @router.get(

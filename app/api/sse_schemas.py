@@ -239,3 +239,32 @@ def _header_schema(pattern: str) -> Callable[[dict[str, Any]], None]:
 # An EventSource resends the last `id:` it saw; empty is no cursor.
 LAST_EVENT_ID_SCHEMA = _header_schema("^(event_[0-9a-f]{32})?$")
 CURSOR_HEADER_SCHEMA = _header_schema(INT32_DIGITS)
+
+
+# A frontend protocol's event: JSON with its `type` (AG-UI's events, the AI SDK's
+# chunks), sent as unnamed SSE events (`message`).
+FRONTEND_EVENT = _object(["type"], type=STR)
+
+
+def frontend_stream(description: str, *, done: bool = False) -> dict[int | str, Any]:
+    """The 200 of a frontend protocol's stream: events whose data is one JSON object
+    with a `type`; with `done`, the AI SDK's closing `data: [DONE]` too."""
+    frames: list[dict[str, Any]] = [
+        {
+            "type": "object",
+            "required": ["data"],
+            "properties": {"event": {"const": "message"}, "data": data},
+            "additionalProperties": False,
+        }
+        for data in (
+            [_json_data(FRONTEND_EVENT), {"const": "[DONE]"}]
+            if done
+            else [_json_data(FRONTEND_EVENT)]
+        )
+    ]
+    return {
+        200: {
+            "description": description,
+            "content": {"text/event-stream": {"schema": {"anyOf": frames}}},
+        }
+    }
