@@ -5,11 +5,13 @@ back; every part type renders; whatever a message holds renders as text. The
 routes themselves are static pages outside the API: not in the OpenAPI document, with
 a Content-Security-Policy, and the API's problem+json errors around them unchanged."""
 
+import asyncio
 import base64
 import json
 import re
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -936,3 +938,23 @@ async def test_regenerate_and_edit_move_to_a_branch_that_links_back(
     for untouched in (session_id, regenerated):
         messages = await api_messages(api, untouched)
         assert [m["text"] for m in messages] == ["the question", "the question"]
+
+
+async def test_export_downloads_the_session_as_json_lines(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api)
+    await post(api, session_id, text_body("keep this"))
+    await wait_idle(api, session_id)
+    await open_chat(page, live_server.url, session_id)
+    await page.click("#settings-toggle")
+    async with page.expect_download() as waiting:
+        await page.click("#export-session")
+    download = await waiting.value
+    assert download.suggested_filename == f"{session_id}.jsonl"
+    path = await download.path()
+    expected = await api.get(f"/v1/sessions/{session_id}/export")
+    assert path is not None
+    saved = await asyncio.to_thread(Path(path).read_bytes)
+    assert saved == expected.content
+    assert (await page.locator("#settings-state").text_content()) == "Exported."

@@ -305,6 +305,26 @@ async function saveSettings() {
   }
 }
 
+/** Download the session as JSON Lines (`GET .../export`, with the key the page
+ * holds, so it is fetched here and handed to the browser as a file). */
+async function exportSession() {
+  const state = $("#settings-state");
+  try {
+    const response = await fetch(session.client.url(session.path("/export")), {
+      headers: session.client.headers(),
+    });
+    if (!response.ok) throw new Error(`${response.status} ${response.statusText}`);
+    const file = URL.createObjectURL(await response.blob());
+    const anchor = el("a", { download: `${sessionId}.jsonl` });
+    anchor.setAttribute("href", file);
+    anchor.click();
+    setTimeout(() => URL.revokeObjectURL(file), 10_000);
+    state.textContent = "Exported.";
+  } catch (error) {
+    state.textContent = `Not exported: ${describe(error)}`;
+  }
+}
+
 /** Delete, after a second press: the session, its messages and events go. */
 async function deleteSession() {
   const button = $("#delete-session");
@@ -420,6 +440,7 @@ $("#settings-form").addEventListener("submit", (event) => {
   saveSettings();
 });
 $("#delete-session").addEventListener("click", deleteSession);
+$("#export-session").addEventListener("click", exportSession);
 $("#cancel-edit").addEventListener("click", () => {
   stopEditing();
   textBox.value = "";
