@@ -228,3 +228,18 @@ async def test_a_fork_mid_turn_copies_what_was_committed(live_server: Server) ->
         assert (await client.get(f"/v1/sessions/{forked['id']}")).json()[
             "status"
         ] != "active"
+
+
+async def test_a_sessions_branches_are_listed(client: httpx.AsyncClient) -> None:
+    sid = await conversation(client, "one")
+    other = await conversation(client, "two")
+    first = await fork(client, sid)
+    second = await fork(client, sid, title="second")
+    await fork(client, other)
+    listed = (await client.get("/v1/sessions", params={"forked_from": sid})).json()
+    assert sorted(s["id"] for s in listed["data"]) == sorted(
+        [first["id"], second["id"]]
+    )
+    assert listed["total"] == 2
+    bad = await client.get("/v1/sessions", params={"forked_from": "nope"})
+    assert_problem(bad, 400)

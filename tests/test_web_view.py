@@ -934,6 +934,14 @@ async def test_regenerate_and_edit_move_to_a_branch_that_links_back(
     await wait_idle(api, edited)
     shown = await wait_converged(page, api, edited)
     assert [m["text"] for m in shown] == ["a better question", "a better question"]
+    # Each source lists its branch (the edit was made on the regenerated branch).
+    for source, branch in ((session_id, regenerated), (regenerated, edited)):
+        await page.goto(f"{live_server.url}/sessions/{source}/chat")
+        await page.locator("#branches a").first.wait_for()
+        listed = await page.locator("#branches a").evaluate_all(
+            "(links) => links.map((a) => a.dataset.sessionId)"
+        )
+        assert listed == [branch]
     # Neither branch changed what it came from.
     for untouched in (session_id, regenerated):
         messages = await api_messages(api, untouched)

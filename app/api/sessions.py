@@ -18,6 +18,7 @@ from app.api.deps import (
     WriteDb,
 )
 from app.errors import BODY_PROBLEMS, InvalidParameter, problem_responses
+from app.ids import format_id, parse_or_400
 from app.schemas import MAX_INT32, UtcTimestamp
 from app.sessions import actions, export, imports, page, schemas, service
 from app.tools import schema_check
@@ -90,6 +91,13 @@ async def list_sessions(
     archived_only: Annotated[
         bool, Query(description="List archived sessions only.")
     ] = False,
+    forked_from: Annotated[
+        str | None,
+        Query(
+            description="Only the sessions forked from this one (its branches).",
+            json_schema_extra={"pattern": "^session_[0-9a-f]{32}$"},
+        ),
+    ] = None,
 ) -> Response:
     """List the organization's sessions, newest first, with offset pagination. A page
     whose sessions would pass MAX_LIST_BYTES ends early: `limit` then says how many it
@@ -111,6 +119,11 @@ async def list_sessions(
         created_before,
         order,
         "only" if archived_only else "include" if include_archived else "exclude",
+        forked_from=(
+            format_id("session", parse_or_400("session", "forked_from", forked_from))
+            if forked_from is not None
+            else None
+        ),
     )
     rows, total = await service.list_sessions(db, organization_id=org, query=query)
     return wire.json_response(

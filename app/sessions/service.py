@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import wire
 from app.db import models
+from app.db.dialect import json_text
 from app.db.types import utcnow
 from app.db.writes import Write
 from app.ids import IdParseError, format_id, parse_id, uuid7
@@ -237,6 +238,8 @@ class SessionQuery:
     order: str = "created_at"
     # Archived sessions: left out ("exclude"), listed with the others, or alone.
     archived: Literal["exclude", "include", "only"] = "exclude"
+    # Only the branches of this session (its wire id).
+    forked_from: str | None = None
 
 
 async def list_sessions(
@@ -258,6 +261,12 @@ async def list_sessions(
         stmt = stmt.where(models.Session.archived_at.is_(None))
     elif query.archived == "only":
         stmt = stmt.where(models.Session.archived_at.is_not(None))
+    if query.forked_from is not None:
+        # No index: the organization's sessions are read (docs/api.md, Fork).
+        stmt = stmt.where(
+            json_text(models.Session.attributes, "forked_from_session_id")
+            == query.forked_from
+        )
     if query.created_after is not None:
         stmt = stmt.where(models.Session.created_at > query.created_after)
     if query.created_before is not None:

@@ -344,6 +344,26 @@ async function deleteSession() {
   }
 }
 
+/** The sessions forked from this one, linked from the bar. */
+async function loadBranches() {
+  try {
+    const page = await session.client.listSessions({ forked_from: sessionId, include_archived: true, limit: 100 });
+    const node = $("#branches");
+    const branches = page.data ?? [];
+    node.hidden = branches.length === 0;
+    node.replaceChildren(
+      `Branches (${branches.length}):`,
+      ...branches.map((branch, index) => {
+        const anchor = el("a", { text: ` ${index + 1}`, title: branch.title || branch.id, dataset: { sessionId: branch.id } });
+        anchor.setAttribute("href", `../../sessions/${encodeURIComponent(branch.id)}/chat`);
+        return anchor;
+      }),
+    );
+  } catch (error) {
+    notice(`Branches could not be read: ${describe(error)}`);
+  }
+}
+
 /** Thumbs up / down: shown at once, taken back if the service refuses it. */
 async function rate(messageId, rating) {
   const ratings = list.context.ratings;
@@ -404,6 +424,7 @@ async function open() {
   view = new SyncView(session, { limit, include_internal: false, onChange: scheduleRender });
   scheduleRender();
   loadRatings();
+  loadBranches();
   textBox.focus();
   view.done.then(() => {
     const error = view.error;
