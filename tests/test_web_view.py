@@ -769,6 +769,7 @@ async def test_settings_rename_and_change_what_the_turn_runs_with(
     )
     assert options == ["", *[m["id"] for m in models]]
     await page.fill("#set-title", "after")
+    await page.select_option("#set-model", models[0]["id"])
     await page.select_option("#set-approval", "always-allow")
     await page.fill("#set-prompt", "Answer briefly.")
     await page.click("#save-settings")
@@ -778,9 +779,19 @@ async def test_settings_rename_and_change_what_the_turn_runs_with(
     assert session["title"] == "after"
     assert session["approval_mode"] == "always-allow"
     assert session["system_prompt"] == "Answer briefly."
+    assert session["model_id"] == models[0]["id"]
     # The changes are Actions in the conversation, shown live.
-    await page.locator('#list .part[data-type="action"]').first.wait_for()
-    assert await page.locator('#list .part[data-type="action"]').count() == 2
+    actions = page.locator('#list .part[data-type="action"]')
+    await actions.first.wait_for()
+    await page.wait_for_function(
+        "() => document.querySelectorAll('#list .part[data-type=\"action\"]').length === 3"
+    )
+    kinds = await actions.evaluate_all("(ps) => ps.map((p) => p.dataset.actionType)")
+    assert sorted(kinds) == [
+        "approval_mode_changed",
+        "model_changed",
+        "system_prompt_changed",
+    ]
     await page.click("#save-settings")
     await page.wait_for_selector("#settings-state:text('Nothing changed.')")
 
