@@ -2,6 +2,7 @@
 and every event, one JSON object per line, as the other routes answer them; bounded at
 the sequence the session had when the export began; read in batches."""
 
+import json
 from typing import Any
 
 import httpx
@@ -105,7 +106,7 @@ async def test_bad_format_and_unknown_session(client: httpx.AsyncClient) -> None
     sid = await create_session(client)
     bad = await client.get(f"/v1/sessions/{sid}/export", params={"format": "xml"})
     assert_problem(bad, 400, code="invalid_parameter")
-    assert bad.json()["detail"] == "format: Input should be 'jsonl'"
+    assert bad.json()["detail"] == "format: Input should be 'jsonl' or 'atif'"
     ghost = "session_" + "0" * 32
     missing = await client.get(f"/v1/sessions/{ghost}/export")
     assert_problem(missing, 404, code="session_not_found")
@@ -218,3 +219,43 @@ async def test_the_import_path_is_not_a_session_id(client: httpx.AsyncClient) ->
         response = await client.request(method, "/v1/sessions/import")
         assert_problem(response, 405)
         assert response.headers["allow"] == "POST"
+
+
+async def test_an_atif_export_is_the_sessions_trajectory(
+    client: httpx.AsyncClient,
+) -> None:
+    sid = (
+        await client.post(
+            "/v1/sessions", json={"title": "t", "system_prompt": "Be brief."}
+        )
+    ).json()["id"]
+    for text in ("hello", "/scenario tool tea"):
+        await post_message(client, sid, text)
+        await wait_idle(client, sid)
+    response = await client.get(f"/v1/sessions/{sid}/export", params={"format": "atif"})
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["content-disposition"] == (
+        f'attachment; filename="{sid}.atif.json"'
+    )
+    trajectory = response.json()
+    assert trajectory["schema_version"] == "ATIF-v1.4"
+    assert trajectory["session_id"] == sid
+    assert trajectory["agent"]["name"] == "evermirror"
+    steps = trajectory["steps"]
+    assert [s["step_id"] for s in steps] == list(range(1, len(steps) + 1))
+    assert steps[0] == {"step_id": 1, "source": "system", "message": "Be brief."}
+    assert [s["source"] for s in steps[1:3]] == ["user", "agent"]
+    assert steps[1]["message"] == "hello"
+    assert steps[2]["message"] == "hello"
+    called = [s for s in steps if s.get("tool_calls")]
+    assert len(called) == 1
+    [call] = called[0]["tool_calls"]
+    assert call["function_name"] == "lookup"
+    assert call["arguments"] == {"query": "tea"}
+    [result] = called[0]["observation"]["results"]
+    assert result["source_call_id"] == call["tool_call_id"]
+    assert json.loads(result["content"]) == {"query": "tea", "answer": 42}
+    messages = (await client.get(f"/v1/sessions/{sid}/messages")).json()["data"]
+    assert {s["extra"]["message_id"] for s in steps[1:]} == {m["id"] for m in messages}
+    assert trajectory["final_metrics"]["total_steps"] == len(steps)

@@ -20,7 +20,7 @@ from app.api.deps import (
 from app.errors import BODY_PROBLEMS, InvalidParameter, problem_responses
 from app.ids import format_id, parse_or_400
 from app.schemas import MAX_INT32, UtcTimestamp
-from app.sessions import actions, export, imports, page, schemas, service
+from app.sessions import actions, atif, export, imports, page, schemas, service
 from app.tools import schema_check
 
 router = APIRouter(tags=["sessions"])
@@ -183,9 +183,17 @@ async def get_session(
     response_class=StreamingResponse,
     responses={
         200: {
-            "description": "The session, its messages and its events as JSON Lines"
-            " (docs/api.md, Export)",
-            "content": {JSONL: {"schema": {"type": "string"}}},
+            "description": "The session, its messages and its events as JSON Lines, "
+            "or an ATIF trajectory (docs/api.md, Export)",
+            "content": {
+                JSONL: {"schema": {"type": "string"}},
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["schema_version", "session_id", "agent", "steps"],
+                    }
+                },
+            },
             "headers": {"Content-Disposition": {"schema": {"type": "string"}}},
         },
         **problem_responses(400, 401, 404),
@@ -198,13 +206,25 @@ async def export_session(
     org: OrgId,
     base: BaseUrl,
     format: Annotated[
-        Literal["jsonl"], Query(description="The export's format: `jsonl`.")
+        Literal["jsonl", "atif"],
+        Query(
+            description="`jsonl`: the session, its messages and events, one per line; "
+            "`atif`: an ATIF v1.4 trajectory (one JSON document)."
+        ),
     ] = "jsonl",
 ) -> StreamingResponse:
     """The session, every message (internal ones included) and every event of its log,
-    one JSON object per line, streamed."""
+    one JSON object per line (or the session as an ATIF trajectory), streamed."""
     session = await service.get_session(db, organization_id=org, session_id=session_id)
     body = service.session_wire(session, base)
+    if format == "atif":
+        return StreamingResponse(
+            atif.trajectory(reads, session_id, session.last_sequence, body),
+            media_type="application/json",
+            headers={
+                "Content-Disposition": f'attachment; filename="{body["id"]}.atif.json"'
+            },
+        )
     return StreamingResponse(
         export.jsonl(reads, session_id, session.last_sequence, body),
         media_type=JSONL,
