@@ -5,6 +5,7 @@ shape a test compares with `GET .../messages`."""
 
 import asyncio
 import os
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -71,7 +72,9 @@ def page_fixture() -> Any:
     the test."""
 
     @pytest_asyncio.fixture(loop_scope="module")
-    async def page(browser: "Browser") -> AsyncIterator["Page"]:
+    async def page(
+        browser: "Browser", request: pytest.FixtureRequest
+    ) -> AsyncIterator["Page"]:
         context = await browser.new_context(viewport={"width": 900, "height": 640})
         opened = await context.new_page()
         opened.set_default_timeout(15_000)
@@ -86,10 +89,22 @@ def page_fixture() -> Any:
             ),
         )
         yield opened
+        await keep_screenshot(opened, request.node.name)
         await context.close()
         assert problems == [], problems
 
     return page
+
+
+async def keep_screenshot(page: "Page", test_name: str) -> None:
+    """The page as a test left it, as a PNG in SCREENSHOTS_DIR when that is set (.ci/run
+    sets it, so a run's screenshots can be kept as artifacts where the runner keeps
+    files)."""
+    directory = os.environ.get("SCREENSHOTS_DIR")
+    if not directory or page.is_closed():
+        return
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", test_name)
+    await page.screenshot(path=str(Path(directory) / f"{name}.png"), full_page=True)
 
 
 async def rendered(page: "Page") -> list[dict[str, Any]]:
