@@ -190,6 +190,26 @@ APPROVED_TOOL = {
 }
 
 
+async def test_a_frontend_tool_named_like_a_server_tool_is_refused(
+    client: httpx.AsyncClient,
+) -> None:
+    sid = (await client.post("/v1/sessions", json={"tools": [APPROVED_TOOL]})).json()[
+        "id"
+    ]
+    shadow = {"name": "lookup", "description": "", "parameters": {"type": "object"}}
+    response = await client.post(
+        f"/v1/sessions/{sid}/ag-ui",
+        json=run_input(sid, "r1", user("m1", "hello"), tools=[shadow]),
+    )
+    assert_problem(response, 422)
+    assert "lookup" in response.json()["detail"]
+    session = (await client.get(f"/v1/sessions/{sid}")).json()
+    assert session["tools"] == [
+        {**APPROVED_TOOL, "description": session["tools"][0]["description"]}
+    ]
+    assert await all_messages(client, sid) == []
+
+
 async def test_an_approval_is_an_interrupt_resumed_by_the_next_run(
     client: httpx.AsyncClient,
 ) -> None:
@@ -291,6 +311,30 @@ async def test_capabilities(client: httpx.AsyncClient) -> None:
             400,
         ),
         ({"threadId": "session_" + "0" * 32, "runId": "r", "messages": []}, 404),
+        # A bad tool list is refused before the thread's session is created.
+        (
+            {
+                "threadId": "t",
+                "runId": "r",
+                "messages": [],
+                "tools": [
+                    {"name": "twice", "description": "", "parameters": {}},
+                    {"name": "twice", "description": "", "parameters": {}},
+                ],
+            },
+            422,
+        ),
+        (
+            {
+                "threadId": "t",
+                "runId": "r",
+                "messages": [],
+                "tools": [
+                    {"name": "bad", "description": "", "parameters": {"type": 5}}
+                ],
+            },
+            422,
+        ),
         (
             {
                 "threadId": "t",

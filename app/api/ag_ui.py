@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+from pydantic import TypeAdapter
 
 from app import wire
 from app.api import endpoints
@@ -17,6 +18,7 @@ from app.errors import (
     BODY_PROBLEMS,
     Draining,
     InvalidRequest,
+    Unprocessable,
     problem_responses,
 )
 from app.frontends import ag_ui, answers as answers_service, runs, tools
@@ -27,9 +29,12 @@ from app.live.response import EventStreamResponse
 from app.messages.schemas import MessageCreate
 from app.sessions import service as sessions
 from app.tools import schema_check
-from app.tools.schemas import ToolDefinition
+from app.tools.schemas import ToolDefinition, Tools
 
 router = APIRouter(tags=["frontends"])
+
+# A session's own checks on a tool list: each definition, the count, unique names.
+CLIENT_TOOLS: TypeAdapter[list[ToolDefinition]] = TypeAdapter(Tools)
 
 RUN_RESPONSES: dict[int | str, dict[str, Any]] = {
     **frontend_stream(
@@ -54,8 +59,9 @@ async def run_agent(
     tool messages answer a waiting turn, which goes on; a run with neither reconnects:
     the thread's history (MESSAGES_SNAPSHOT), then the running turn from its start."""
     message = _message(state, data)
+    offered = await _client_tools(data)
     session_id = await _thread(state, caller, data.threadId)
-    return await _run(state, caller, session_id, data, message)
+    return await _run(state, caller, session_id, data, message, offered)
 
 
 @router.post(
@@ -68,8 +74,9 @@ async def run_session_agent(
 ) -> EventStreamResponse:
     """`POST /v1/ag-ui` on this session, whatever `threadId` says (it is echoed)."""
     message = _message(state, data)
+    offered = await _client_tools(data)
     await _thread(state, caller, format_id("session", session_id))
-    return await _run(state, caller, session_id, data, message)
+    return await _run(state, caller, session_id, data, message, offered)
 
 
 @router.get("/ag-ui/capabilities", responses=CAPABILITIES_RESPONSES)
@@ -130,9 +137,17 @@ async def _run(
     session_id: uuid.UUID,
     data: ag_ui.RunAgentInput,
     message: MessageCreate | None,
+    offered: list[ToolDefinition],
 ) -> EventStreamResponse:
-    if data.tools:
-        await _offer_tools(state, caller, session_id, data)
+    if offered:
+        async with state.database.write() as db:
+            await tools.offer(
+                db,
+                organization_id=caller.organization_id,
+                session_id=session_id,
+                tools=offered,
+                model_name=lambda m: state.catalog.get(m).name,
+            )
     events = ag_ui.RunEvents(data.threadId, data.runId)
     answered = ag_ui.answers(data)
     applied = None
@@ -173,24 +188,15 @@ async def _run(
     return await _reconnect(state, caller, session_id, events)
 
 
-async def _offer_tools(
-    state: AppState, caller: Caller, session_id: uuid.UUID, data: ag_ui.RunAgentInput
-) -> None:
+async def _client_tools(data: ag_ui.RunAgentInput) -> list[ToolDefinition]:
+    """The frontend's tools, checked before the thread is looked up or created, so
+    that a bad list changes nothing."""
     try:
-        definitions = [
-            ToolDefinition.model_validate(t) for t in ag_ui.client_tools(data)
-        ]
+        definitions = CLIENT_TOOLS.validate_python(ag_ui.client_tools(data))
     except ValueError as exc:
-        raise InvalidRequest(f"tools: {exc}") from exc
+        raise Unprocessable(f"tools: {exc}") from exc
     await schema_check.check_tools(definitions)
-    async with state.database.write() as db:
-        await tools.offer(
-            db,
-            organization_id=caller.organization_id,
-            session_id=session_id,
-            tools=definitions,
-            model_name=lambda m: state.catalog.get(m).name,
-        )
+    return definitions
 
 
 async def _reconnect(

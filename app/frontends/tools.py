@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from app.db import models
 from app.db.writes import Write
+from app.errors import Unprocessable
 from app.journal.sessions import session_not_found
 from app.sessions import actions, service
 from app.sessions.schemas import SessionUpdate
@@ -36,9 +37,14 @@ async def offer(
     if attributes is None:
         raise session_not_found(session_id)
     current: list[dict[str, Any]] = attributes.get("tools") or []
-    wanted = [t for t in current if t.get("type") == "builtin"] + [
-        tool.model_dump(exclude_none=True) for tool in tools
-    ]
+    builtin = [t for t in current if t.get("type") == "builtin"]
+    taken = {t["name"] for t in builtin} & {tool.name for tool in tools}
+    if taken:
+        raise Unprocessable(
+            f"tools: {', '.join(sorted(taken))} is the name of a server tool of "
+            "this session; a frontend tool needs a name of its own"
+        )
+    wanted = builtin + [tool.model_dump(exclude_none=True) for tool in tools]
     if wanted == current:
         return False
     before, after = await service.update_session(
