@@ -30,6 +30,7 @@ from app.api.guards import BodyGuardMiddleware, RateLimiter, RateLimitMiddleware
 from app.api.hot import HotRoutes
 from app.api.interactions import router as interactions_router
 from app.api.messages import router as messages_router
+from app.api.search import router as search_router
 from app.api.sessions import router as sessions_router
 from app.api.state import AppState
 from app.api.streams import router as live_router
@@ -86,6 +87,7 @@ def api_router() -> APIRouter:
         interactions_router,
         agent_router,
         feedback_router,
+        search_router,
         chat_router,
         ag_ui_router,
     ):

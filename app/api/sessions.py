@@ -125,7 +125,9 @@ async def list_sessions(
             else None
         ),
     )
-    rows, total = await service.list_sessions(db, organization_id=org, query=query)
+    rows, total = await service.list_sessions(
+        db, organization_id=org, query=query, backend=settings.backend
+    )
     return wire.json_response(
         page.render(
             rows,

@@ -34,7 +34,7 @@ from app.db.session_row import (
     assignments,
     unchanged,
 )
-from app.db.statements import numbered
+from app.db.statements import numbered, searchable
 
 # Checkpoints per statement at most: a bound on its size and on the rows it locks.
 MAX_BATCH = 64
@@ -80,16 +80,16 @@ s AS (
 m AS (
     INSERT INTO messages (id, session_id, sequence, role, state, visibility, revision,
         turn_id, client_message_id, content, extra, snapshot, changed_sequence,
-        created_at, updated_at)
+        created_at, updated_at, search_text)
     SELECT * FROM unnest(
         :message_id::uuid[], :session_id::uuid[], :sequence::integer[],
         :role::text[], :state::text[], :visibility::text[], :revision::integer[],
         :turn_id::uuid[], :client_message_id::text[], :content::jsonb[],
         :extra::jsonb[], :snapshot::text[], :changed_sequence::integer[],
-        :created_at::timestamptz[], :updated_at::timestamptz[])
+        :created_at::timestamptz[], :updated_at::timestamptz[], :search_text::text[])
         AS x(id, session_id, sequence, role, state, visibility, revision, turn_id,
             client_message_id, content, extra, snapshot, changed_sequence,
-            created_at, updated_at)
+            created_at, updated_at, search_text)
     WHERE x.session_id IN (SELECT id FROM s)
 ),
 e AS (
@@ -145,6 +145,7 @@ def _columns(batch: Sequence[Optimistic]) -> dict[str, list[Any]]:
             columns[name].append(getattr(message, name))
         columns["content"].append(orjson.dumps(message.content).decode())
         columns["extra"].append(orjson.dumps(message.extra).decode())
+        columns["search_text"].append(searchable(message))
         for event in item.events:
             columns["event_session_id"].append(session.id)
             columns["event_created_at"].append(item.now)

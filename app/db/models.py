@@ -116,6 +116,9 @@ class Message(Base):
     changed_sequence: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    # The text the message is found by, once it is done and visible (app/db/search.py);
+    # each database indexes it its own way, outside these models (migration 0009).
+    search_text: Mapped[str | None] = mapped_column(Text, deferred=True)
 
 
 class ApiKey(Base):

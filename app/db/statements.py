@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from app.db.rows import DuplicateMessage, MessageRow, StaleMessage
+from app.db.search import searchable_text
 from app.db.session_row import UPDATE_SESSION
 
 # Named placeholders (`:name`), numbered per dialect once (`$n` for asyncpg, `?n` for
@@ -20,10 +21,10 @@ from app.db.session_row import UPDATE_SESSION
 INSERT_MESSAGE = """
 INSERT INTO messages (id, session_id, sequence, role, state, visibility, revision,
     turn_id, client_message_id, content, extra, snapshot, changed_sequence,
-    created_at, updated_at)
+    created_at, updated_at, search_text)
 VALUES (:message_id, :session_id, :sequence, :role, :state, :visibility, :revision,
     :turn_id, :client_message_id, :content, :extra, :snapshot, :changed_sequence,
-    :created_at, :updated_at)
+    :created_at, :updated_at, :search_text)
 ON CONFLICT (session_id, client_message_id) DO NOTHING"""
 
 # Every checkpoint bumps the revision by one: a row at any other revision was changed
@@ -31,7 +32,7 @@ ON CONFLICT (session_id, client_message_id) DO NOTHING"""
 UPDATE_MESSAGE = """
 UPDATE messages SET state = :state, revision = :revision, content = :content,
     extra = :extra, snapshot = :snapshot, changed_sequence = :changed_sequence,
-    updated_at = :updated_at
+    updated_at = :updated_at, search_text = :search_text
 WHERE id = :message_id AND revision = :revision - 1"""
 
 INSERT_EVENT = """
@@ -139,7 +140,14 @@ def message_values(message: MessageRow) -> dict[str, Any]:
         "changed_sequence": message.changed_sequence,
         "created_at": message.created_at,
         "updated_at": message.updated_at,
+        "search_text": searchable(message),
     }
+
+
+def searchable(message: MessageRow) -> str | None:
+    return searchable_text(
+        message.role, message.state, message.visibility, message.content
+    )
 
 
 def not_written(message: MessageRow, inserted: bool) -> Exception:

@@ -202,3 +202,25 @@ class Branch(Schema):
 
     session: Session
     message: dict[str, Any]
+
+
+class SearchHit(Schema):
+    session_id: str
+    session_title: str | None
+    message_id: str
+    sequence: int = Field(description="The message's place in its session.")
+    role: Literal["user", "agent"]
+    created_at: str
+    snippet: str = Field(description="Where the words occur in the message's text.")
+    snippet_html: str = Field(
+        description="The snippet as HTML: its text escaped, each match in `<mark>`."
+    )
+
+
+class SearchPage(Schema):
+    data: list[SearchHit]
+    offset: int
+    limit: int
+    next_url: str | None = Field(
+        default=None, description="The next page of hits; absent on the last."
+    )

@@ -5,11 +5,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import and_, delete, func, insert, or_, select, true, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql.elements import ColumnElement
 
 from app import wire
-from app.db import models
+from app.backend import Backend
+from app.db import models, search as search_index
 from app.db.dialect import json_text
 from app.db.types import utcnow
 from app.db.writes import Write
@@ -243,18 +245,17 @@ class SessionQuery:
 
 
 async def list_sessions(
-    db: AsyncSession, *, organization_id: uuid.UUID, query: SessionQuery
+    db: AsyncSession,
+    *,
+    organization_id: uuid.UUID,
+    query: SessionQuery,
+    backend: Backend,
 ) -> tuple[list[models.Session], int]:
     stmt = select(models.Session).where(
         models.Session.organization_id == organization_id
     )
     if query.search:
-        for token in query.search.split():
-            # Match the token literally: % and _ are LIKE wildcards otherwise.
-            literal = (
-                token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            )
-            stmt = stmt.where(models.Session.title.ilike(f"%{literal}%", escape="\\"))
+        stmt = stmt.where(_matches(query.search, backend))
     if query.statuses:
         stmt = stmt.where(models.Session.status.in_(query.statuses))
     if query.archived == "exclude":
@@ -283,6 +284,28 @@ async def list_sessions(
         .limit(query.limit)
     )
     return list(rows.all()), total
+
+
+def _matches(search: str, backend: Backend) -> ColumnElement[bool]:
+    """A session matches a search if its title holds every token (as a substring), or
+    one of its messages holds every word (the full-text index, app/db/search.py)."""
+    title = and_(
+        true(),
+        *(
+            # Match the token literally: % and _ are LIKE wildcards otherwise.
+            models.Session.title.ilike(f"%{_like_literal(token)}%", escape="\\")
+            for token in search.split()
+        ),
+    )
+    found = search_index.words(search)
+    if not found:
+        return title
+    in_text = models.Session.id.in_(search_index.sessions_with_text(backend, found))
+    return or_(title, in_text)
+
+
+def _like_literal(token: str) -> str:
+    return token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 async def update_session(
