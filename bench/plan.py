@@ -23,6 +23,7 @@ from bench.rows import (
     row_writes,
     seed,
 )
+from bench.search import row_search
 from bench.turns import row_turns
 
 
@@ -32,7 +33,7 @@ async def run_rows(db: Database, selected: list[str]) -> list[Line]:
         if row in POSTGRES_ONLY and not db.is_postgres:
             lines.append(Line(row, "", note="n/a (PostgreSQL row)"))
     fast_rows: list[str] = [
-        r for r in ("page", "etag", "older", "writes") if r in selected
+        r for r in ("page", "etag", "older", "writes", "search") if r in selected
     ]
     stream_rows = [r for r in ("fanout-mutation", "fanout-sse") if r in selected]
     if not db.is_postgres:
@@ -58,6 +59,8 @@ async def run_rows(db: Database, selected: list[str]) -> list[Line]:
                 "etag": lambda: row_etag(db, server),
                 "older": lambda: row_older(db, server),
                 "writes": lambda: row_writes(db, server),
+                # Last of them: it adds a corpus the rows above would count.
+                "search": lambda: row_search(db, server),
             }
             for row in fast_rows:
                 await guarded(db, row, lines, handlers[row])

@@ -49,6 +49,7 @@ ROWS = (
     "etag",
     "older",
     "writes",
+    "search",
     "fanout-mutation",
     "fanout-sse",
     "idle-rss",

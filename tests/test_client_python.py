@@ -237,6 +237,10 @@ async def test_pin_archive_and_feedback(keyed_server: KeyedServer) -> None:
         assert "archived_at" in info
         listed = await client.list_sessions(archived_only=True)
         assert [s["id"] for s in listed["data"]] == [session.id]
+        found = await client.search("RATE this", limit=1)
+        assert [h["session_id"] for h in found["data"]] == [session.id]
+        assert "<mark>rate</mark> <mark>this</mark>" in found["data"][0]["snippet_html"]
+        assert "next_url" in found
         await session.pin(False)
         await session.archive(False)
         info = await session.get()

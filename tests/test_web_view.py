@@ -706,6 +706,43 @@ async def test_the_list_pins_and_archives(
     assert "archived_at" not in (await api.get(f"/v1/sessions/{session_id}")).json()
 
 
+async def test_search_lists_sessions_by_message_text_and_shows_the_messages(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api, title="fruit")
+    await post(api, session_id, text_body(f"buy a mangosteen {XSS}"))
+    await wait_idle(api, session_id)
+    await new_session(api, title="other")
+    await page.goto(f"{live_server.url}/sessions")
+    await page.fill("#search-input", "mangosteen")
+    await page.click("#search button[type=submit]")
+    await page.wait_for_selector("#hits:not([hidden]) #hit-list li")
+    rows = page.locator("#rows tr")
+    await page.wait_for_function(
+        "() => document.querySelectorAll('#rows tr').length === 1"
+    )
+    assert await rows.first.get_attribute("data-session-id") == session_id
+    hits = page.locator("#hit-list li")
+    assert await hits.count() == 2  # the message and the agent's echo of it
+    assert {await hits.nth(i).get_attribute("data-session-id") for i in range(2)} == {
+        session_id
+    }
+    assert await hits.first.locator("mark").all_text_contents() == ["mangosteen"]
+    snippet = await hits.first.locator(".snippet").text_content()
+    assert snippet is not None and snippet.startswith("buy a mangosteen <img src=x")
+    assert (
+        await page.locator(
+            "#hit-list img, #hit-list script, #hit-list a[href^=javascript]"
+        ).count()
+        == 0
+    )
+    assert await page.evaluate("() => window.__xss") is None
+    # A search without a word in it lists by title alone and shows no messages.
+    await page.fill("#search-input", "!!!")
+    await page.click("#search button[type=submit]")
+    await page.wait_for_selector("#hits", state="hidden")
+
+
 # ---- Markdown ----------------------------------------------------------------------------
 
 MARKDOWN = (

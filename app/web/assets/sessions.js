@@ -1,5 +1,6 @@
-// The session list: newest activity first, with search, paging and a form that
-// creates a session and opens its chat view.
+// The session list: newest activity first, with search (sessions by title or message
+// text, and the messages that match), paging and a form that creates a session and
+// opens its chat view.
 
 import { $, askForKey, describe, el, forgetKey, isKeyRefusal, newClient, storedKey, timeOf } from "./common.js";
 
@@ -67,7 +68,52 @@ async function withKey(call) {
   }
 }
 
+const HITS = 10;
+
+const WORD = /[\p{L}\p{N}]+/gu;
+
+/** The snippet as text nodes, each word of the search in a <mark> (as the service
+ * marks them in `snippet_html`, which the page does not parse). */
+function snippetNodes(text) {
+  const wanted = new Set((search.match(WORD) ?? []).map((word) => word.toLowerCase()));
+  const nodes = [];
+  let at = 0;
+  for (const match of text.matchAll(WORD)) {
+    if (!wanted.has(match[0].toLowerCase())) continue;
+    nodes.push(document.createTextNode(text.slice(at, match.index)), el("mark", { text: match[0] }));
+    at = match.index + match[0].length;
+  }
+  nodes.push(document.createTextNode(text.slice(at)));
+  return nodes;
+}
+
+function hit(found) {
+  const anchor = el("a", { text: found.session_title || "Untitled session" });
+  anchor.href = chatHref(found.session_id);
+  return el(
+    "li",
+    { dataset: { messageId: found.message_id, sessionId: found.session_id } },
+    el("div", { class: "hit-head" }, anchor, el("span", { class: "role", text: ` · ${found.role} · ` }), timeOf(found.created_at)),
+    el("p", { class: "snippet" }, ...snippetNodes(found.snippet)),
+  );
+}
+
+/** The first messages that match the search, or nothing when it has no word. */
+async function loadHits() {
+  if (!search?.match(WORD)) {
+    $("#hits").hidden = true;
+    return;
+  }
+  const page = await withKey((client) => client.search(search, { limit: HITS }));
+  $("#hit-list").replaceChildren(...page.data.map(hit));
+  $("#hits").hidden = page.data.length === 0;
+}
+
 async function load() {
+  loadHits().catch((error) => {
+    $("#hits").hidden = true;
+    $("#notice").textContent = `Messages could not be searched: ${describe(error)}`;
+  });
   try {
     const query = { offset, limit: LIMIT, order: "last_activity" };
     if (search) query.search = search;

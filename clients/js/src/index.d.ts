@@ -244,6 +244,27 @@ export class Evermirror {
     query?: { offset?: number; limit?: number; search?: string; status?: string; order?: string },
     options?: Signal,
   ): Promise<SessionsPage>;
+  /** `GET /v1/search`: messages whose text holds every word of `q`, best first. */
+  search(q: string, query?: { offset?: number; limit?: number }, options?: Signal): Promise<SearchPage>;
+}
+
+export interface SearchHit {
+  session_id: string;
+  session_title: string | null;
+  message_id: string;
+  sequence: number;
+  role: "user" | "agent";
+  created_at: string;
+  snippet: string;
+  /** The snippet HTML-escaped, each matching word in `<mark>`. */
+  snippet_html: string;
+}
+
+export interface SearchPage {
+  data: SearchHit[];
+  offset: number;
+  limit: number;
+  next_url?: string;
 }
 
 export interface SendOptions extends Signal {

@@ -61,6 +61,11 @@ export class Evermirror {
     return this.request("GET", "/sessions", { query, signal });
   }
 
+  /** `GET /v1/search`: messages whose text holds every word of `q`, best first. */
+  search(q, query = {}, { signal } = {}) {
+    return this.request("GET", "/search", { query: { ...query, q }, signal });
+  }
+
   headers(extra = {}) {
     const headers = { ...extra };
     if (this.apiKey) headers.Authorization = `Bearer ${this.apiKey}`;

@@ -75,6 +75,10 @@ describe("requests", { timeout: 60_000 }, () => {
     assert.equal(typeof info.archived_at, "string");
     const listed = await client().listSessions({ archived_only: true });
     assert.deepEqual(listed.data.map((s) => s.id), [session.id]);
+    const found = await client().search("RATE this", { limit: 1 });
+    assert.deepEqual(found.data.map((h) => h.session_id), [session.id]);
+    assert.match(found.data[0].snippet_html, /<mark>rate<\/mark> <mark>this<\/mark>/);
+    assert.equal(typeof found.next_url, "string");
     await session.pin(false);
     await session.archive(false);
     info = await session.get();

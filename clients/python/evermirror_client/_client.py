@@ -99,6 +99,14 @@ class Evermirror(Closing):
         page: dict[str, Any] = await self.request("GET", "/sessions", query=query)
         return page
 
+    async def search(self, q: str, **query: Any) -> dict[str, Any]:
+        """`GET /v1/search`: messages whose text holds every word of `q`, best first,
+        as `{data, offset, limit, next_url?}`."""
+        page: dict[str, Any] = await self.request(
+            "GET", "/search", query={**query, "q": q}
+        )
+        return page
+
     def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         headers = dict(extra or {})
         if self.api_key:
