@@ -729,7 +729,8 @@ async def test_search_lists_sessions_by_message_text_and_shows_the_messages(
     }
     assert await hits.first.locator("mark").all_text_contents() == ["mangosteen"]
     snippet = await hits.first.locator(".snippet").text_content()
-    assert snippet is not None and snippet.startswith("buy a mangosteen <img src=x")
+    assert snippet is not None
+    assert snippet.startswith("buy a mangosteen <img src=x")
     assert (
         await page.locator(
             "#hit-list img, #hit-list script, #hit-list a[href^=javascript]"
