@@ -60,7 +60,7 @@ async def _keys_state(settings: Settings, first_key: bool) -> bool:
 
     database = Database.from_settings(settings)
     # A key created here ends open mode on running servers too (see `_keys`).
-    database.hooks = create_bus(settings.backend, settings.database_url)
+    database.hooks = create_bus(settings.backend, settings.direct_url)
     try:
         if first_key:
             async with database.write() as db:
@@ -113,7 +113,7 @@ def serve(args: argparse.Namespace) -> int:
         print(refusal, file=sys.stderr)
         return 2
     if settings.should_auto_migrate:
-        upgrade(settings.database_url)
+        upgrade(settings.direct_url)
         settings = settings.model_copy(update={"auto_migrate": False})
     try:
         keyed = asyncio.run(_keys_state(settings, args.first_key))
@@ -143,6 +143,7 @@ def serve(args: argparse.Namespace) -> int:
             where,
             " to anyone who can reach it (--insecure)" if args.insecure else "",
         )
+    _log_pooler(settings)
     _log_urls(settings)
     common: dict[str, Any] = {
         "host": settings.host,
@@ -186,8 +187,8 @@ def migrate(args: argparse.Namespace) -> int:
     from app.db.migrate import upgrade
 
     settings = get_settings()
-    upgrade(settings.database_url)
-    print(f"migrated {settings.database_url.split('@')[-1]} to head")
+    upgrade(settings.direct_url)
+    print(f"migrated {settings.direct_url.split('@')[-1]} to head")
     if args.first_key:
         asyncio.run(_keys_state(settings, first_key=True))
     return 0
@@ -249,7 +250,7 @@ async def _keys(args: argparse.Namespace) -> int:
     database = Database.from_settings(settings)
     # Key changes are announced like the service's own writes: a NOTIFY with the COMMIT
     # on PostgreSQL, heard by every server; SQLite servers poll the keys table.
-    database.hooks = create_bus(settings.backend, settings.database_url)
+    database.hooks = create_bus(settings.backend, settings.direct_url)
     try:
         if args.keys_command == "create":
             try:
@@ -309,7 +310,7 @@ async def _purge(args: argparse.Namespace) -> int:
     database = Database.from_settings(settings)
     # Deletions are announced like the service's own: running servers end the deleted
     # sessions' streams (PostgreSQL; SQLite servers find them gone on their next read).
-    database.hooks = create_bus(settings.backend, settings.database_url)
+    database.hooks = create_bus(settings.backend, settings.direct_url)
     try:
         if args.dry_run:
             found = await retention.expired(database, settings)
@@ -365,6 +366,17 @@ def _bus_refusal(settings: Settings) -> str | None:
     except BusUnavailable as exc:
         return f"refusing to serve: {exc}"
     return None
+
+
+def _log_pooler(settings: Settings) -> None:
+    if settings.pooled:
+        log.info(
+            "statements go through the transaction pooler at %s (DATABASE_URL); the "
+            "bus's LISTEN, runner leases and migrations connect to %s directly "
+            "(DATABASE_DIRECT_URL)",
+            settings.database_url.split("@")[-1],
+            settings.direct_url.split("@")[-1],
+        )
 
 
 def _log_urls(settings: Settings) -> None:

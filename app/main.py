@@ -277,14 +277,14 @@ async def start_state(parts: Parts) -> tuple[AppState, Dispatcher]:
     bus and its fan-out, the turn runner and the key resolver, wired to each other."""
     settings = parts.settings
     if settings.should_auto_migrate:
-        await asyncio.to_thread(upgrade, settings.database_url)
+        await asyncio.to_thread(upgrade, settings.direct_url)
     database = (traced_db.database_class() if parts.traced else Database).from_settings(
         settings
     )
     reads = create_reads(settings)
     await reads.start()
     cache = PageCache(settings.page_cache_bytes)
-    bus = create_bus(settings.backend, settings.database_url, settings.bus_url)
+    bus = create_bus(settings.backend, settings.direct_url, settings.bus_url)
     fanout = Fanout(
         reads,
         settings.sse_queue_size,

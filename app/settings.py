@@ -29,6 +29,12 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_file=".env", extra="ignore")
 
     database_url: str = DEFAULT_DATABASE_URL
+    # PostgreSQL behind a transaction pooler (PgBouncer's `pool_mode = transaction`):
+    # DATABASE_URL names the pooler and this the database itself. What needs a session
+    # of its own (the bus's LISTEN, runner leases held as session advisory locks,
+    # migrations) connects here; statements through the pooler keep no prepared
+    # statements and send no statement_timeout (a pooler refuses it at start-up).
+    database_direct_url: str | None = None
     # Processes on one PostgreSQL carry their live traffic over NATS instead of
     # LISTEN/NOTIFY (app/live/nats_bus.py): nats://host:4222 (or tls://).
     bus_url: str | None = None
@@ -194,6 +200,11 @@ class Settings(BaseSettings):
     def _normalize_url(cls, value: str) -> str:
         return normalize_database_url(value)
 
+    @field_validator("database_direct_url")
+    @classmethod
+    def _normalize_direct_url(cls, value: str | None) -> str | None:
+        return normalize_database_url(value) if value else None
+
     @field_validator("cors_origins", "trusted_proxies", mode="before")
     @classmethod
     def _split_list(cls, value: Any) -> Any:
@@ -234,6 +245,17 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_direct_url(self) -> "Settings":
+        if self.database_direct_url and not (
+            self.backend.shared and Backend.of(self.database_direct_url).shared
+        ):
+            raise ValueError(
+                "DATABASE_DIRECT_URL is the PostgreSQL database behind a pooler named"
+                " by DATABASE_URL: both must be PostgreSQL URLs"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_driver(self) -> "Settings":
         if self.model_driver == "openai":
             for name in ("openai_base_url", "openai_model"):
@@ -252,6 +274,17 @@ class Settings(BaseSettings):
     def backend(self) -> Backend:
         """The deployment mode (app/backend.py), decided from `database_url`."""
         return Backend.of(self.database_url)
+
+    @property
+    def pooled(self) -> bool:
+        """Whether DATABASE_URL is a transaction pooler (DATABASE_DIRECT_URL is set)."""
+        return self.database_direct_url is not None
+
+    @property
+    def direct_url(self) -> str:
+        """The database itself, for what holds a session: LISTEN, session advisory
+        locks, migrations. DATABASE_URL when no pooler sits in front."""
+        return self.database_direct_url or self.database_url
 
     @property
     def should_auto_migrate(self) -> bool:

@@ -101,6 +101,32 @@ def read_json(value: str) -> Any:
         return json.loads(value)
 
 
+def pg_connect_arguments(settings: Settings, application_name: str) -> dict[str, Any]:
+    """asyncpg's connection arguments for DATABASE_URL. Behind a transaction pooler
+    (`settings.pooled`) consecutive transactions of one connection run on different
+    server connections: a prepared statement kept for later would be missing there (or
+    would collide with another client's of the same name), so none is kept, and the
+    statement timeout, a start-up parameter the pooler refuses, is left to the
+    database role (`ALTER ROLE ... SET statement_timeout`)."""
+    server_settings = {"application_name": application_name}
+    if not settings.pooled:
+        server_settings["statement_timeout"] = str(settings.db_statement_timeout_ms)
+        return {"server_settings": server_settings}
+    return {"server_settings": server_settings, "statement_cache_size": 0}
+
+
+def _sqlalchemy_pooled_arguments() -> dict[str, Any]:
+    """SQLAlchemy's asyncpg adapter prepares every statement it runs (to learn its
+    columns), then runs it in the same transaction. Behind a transaction pooler it
+    prepares the unnamed statement, which the next statement replaces: a named one
+    would collide with another client's of the same name on a shared server connection,
+    or, closed later from another server connection, stay prepared on its own."""
+    return {
+        "prepared_statement_cache_size": 0,
+        "prepared_statement_name_func": lambda: "",
+    }
+
+
 def create_engines(settings: Settings) -> tuple[AsyncEngine, AsyncEngine]:
     """Return (read engine, write engine). On PostgreSQL they are the same engine."""
     url = settings.database_url
@@ -144,12 +170,8 @@ def create_engines(settings: Settings) -> tuple[AsyncEngine, AsyncEngine]:
         pool_timeout=settings.db_pool_timeout_seconds,
         pool_recycle=1800,
         json_deserializer=read_json,
-        connect_args={
-            "server_settings": {
-                "application_name": "evermirror",
-                "statement_timeout": str(settings.db_statement_timeout_ms),
-            },
-        },
+        connect_args=pg_connect_arguments(settings, "evermirror")
+        | (_sqlalchemy_pooled_arguments() if settings.pooled else {}),
     )
     _discard_closed_connections(engine)
     # One pool: the writer is the same engine with connections in AUTOCOMMIT mode.

@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from app.backend import Backend
-from app.db.engine import PG_UNAVAILABLE
+from app.db.engine import PG_UNAVAILABLE, pg_connect_arguments
 from app.schemas import MAX_INT32
 from app.settings import Settings
 
@@ -396,10 +396,7 @@ class PgReads(Reads):
             max_size=self._settings.db_pool_size,
             reset=_noop_reset,
             init=_text_as_bytes,
-            server_settings={
-                "application_name": "evermirror-read",
-                "statement_timeout": str(self._settings.db_statement_timeout_ms),
-            },
+            **pg_connect_arguments(self._settings, "evermirror-read"),
         )
 
     async def close(self) -> None:

@@ -56,7 +56,7 @@ class TurnRunner:
         self.backend = settings.backend
         self.leases = create_leases(
             self.backend,
-            settings.database_url,
+            settings.direct_url,
             renew_seconds=settings.runner_renew_seconds,
         )
         # The turns' units of work share the pool with requests, a few at a time
