@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from sqlalchemy.engine import make_url
 
 from bench.plan import run_rows
 from bench.report import header, machine, table
@@ -108,6 +109,13 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         " server (BUS_URL) instead of LISTEN/NOTIFY",
     )
     parser.add_argument(
+        "--pooler",
+        metavar="HOST:PORT",
+        help="PostgreSQL lane: the services' statements go through this transaction"
+        " pooler (a PgBouncer whose [databases] has '*' at this PostgreSQL), the"
+        " database itself being their DATABASE_DIRECT_URL",
+    )
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="tiny sizes, one run: a few seconds per database",
@@ -152,6 +160,14 @@ async def run_database(
             config = ServiceConfig(args.app_root, url, tmp / "logs")
             if args.bus_url and name != "sqlite":
                 config.env["BUS_URL"] = args.bus_url
+            if args.pooler and name != "sqlite":
+                host, _, port = args.pooler.rpartition(":")
+                config.database_url = (
+                    make_url(url)
+                    .set(host=host, port=int(port))
+                    .render_as_string(hide_password=False)
+                )
+                config.env["DATABASE_DIRECT_URL"] = url
             key = await create_api_key(config)
         except Exception as exc:
             return [failed(row, BenchError(f"set-up: {exc}")) for row in rows], {}, []
@@ -165,6 +181,11 @@ async def run_database(
             pg_dsn=None if scratch is None else url,
             sqlite_path=sqlite_path,
         )
+        if "DATABASE_DIRECT_URL" in config.env:
+            db.notes.append(
+                f"every service of this lane: statements through the pooler at"
+                f" {args.pooler}, LISTEN and leases direct"
+            )
         if "BUS_URL" in config.env:
             db.notes.append(
                 f"every service of this lane: BUS_URL={config.env['BUS_URL']}"
