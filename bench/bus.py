@@ -14,12 +14,19 @@ server of the bench's own run the same conversations across processes over NATS
 (`nats`), beside the PostgreSQL bus (`split`).
 """
 
-import asyncio
 import math
 import shutil
 
 from bench.rows import Database, Line, median, ratio, side_by_side
-from bench.servers import BENCH_ROOT, Proc, free_port, python_env, spawn, start_baseline
+from bench.servers import (
+    BENCH_ROOT,
+    Proc,
+    free_port,
+    listening,
+    python_env,
+    spawn,
+    start_baseline,
+)
 from bench.turns import (
     CHUNKS,
     INTERVAL_MS,
@@ -152,15 +159,7 @@ async def start_nats(db: Database) -> Proc | None:
     )
     db.procs.append(proc)
     proc.url = f"nats://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-        except OSError:
-            await asyncio.sleep(0.05)
-            continue
-        writer.close()
-        return proc
-    return None
+    return proc if await listening(port) else None
 
 
 async def row_bus(db: Database) -> list[Line]:

@@ -4,6 +4,7 @@ their baselines, then the rows that start processes of their own."""
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from bench.balanced import row_balanced
 from bench.bus import row_bus
 from bench.notify import row_notify
 from bench.rows import (
@@ -107,6 +108,10 @@ async def run_rows(db: Database, selected: list[str]) -> list[Line]:
 
     if "bus" in selected and db.is_postgres:
         await guarded(db, "bus", lines, lambda: row_bus(db))
+        await db.stop_all()
+
+    if "balanced" in selected and db.is_postgres:
+        await guarded(db, "balanced", lines, lambda: row_balanced(db))
         await db.stop_all()
     for line in lines:
         line.check()

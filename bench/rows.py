@@ -57,8 +57,9 @@ ROWS = (
     "turns",
     "notify",
     "bus",
+    "balanced",
 )
-POSTGRES_ONLY = frozenset({"older", "workers", "notify", "bus"})
+POSTGRES_ONLY = frozenset({"older", "workers", "notify", "bus", "balanced"})
 SSE_TYPES = "types=output.message.delta&types=turn.completed"
 DELTA_INTERVAL_MS = 20
 

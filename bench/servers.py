@@ -203,6 +203,20 @@ def _open_log(path: Path) -> IO[bytes]:
     return path.open("ab")
 
 
+async def listening(port: int, within: float = 5.0) -> bool:
+    """Whether something accepts connections on 127.0.0.1:port within `within` s."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        return True
+    return False
+
+
 async def spawn(
     name: str,
     argv: Sequence[str],
