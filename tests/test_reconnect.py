@@ -507,15 +507,18 @@ async def test_resume_replays_the_latest_snapshot_of_each_changed_message(
         assert refused.response.json()["status"] == 400
 
 
+@pytest.mark.parametrize("start_turn", [False, True], ids=["message", "turn"])
 async def test_checkpoint_committed_after_subscribing_is_delivered(
-    running: Running, settings: Settings
+    running: Running, settings: Settings, start_turn: bool
 ) -> None:
     """Generator level. The seed's client subscribes, then loads its snapshot. A message
     that commits after that load must reach it on the stream, even when the stream's
-    own first read (its starting position) happens after the commit. The app's pool
-    is held busy so that the interleaving is deterministic; the client's snapshot read
-    and the commit go through a second Database on the same file or server, with the
-    app's bus as commit hook, exactly as the app's own writes do."""
+    own first read (its starting position) happens after the commit; and when the
+    message starts a turn, so must the session's `active` Mutation, whose event comes
+    before the checkpoint's last sequence. The app's pool is held busy so that the
+    interleaving is deterministic; the client's snapshot read and the commit go through
+    a second Database on the same file or server, with the app's bus as commit hook,
+    exactly as the app's own writes do."""
     state = running.app.state.app
     session_id = await create_session(running.client)
     session_uuid = uuid_of(session_id)
@@ -569,7 +572,7 @@ async def test_checkpoint_committed_after_subscribing_is_delivered(
                 visibility="visible",
                 extra={},
                 client_message_id=None,
-                start_turn=False,
+                start_turn=start_turn,
             )
             assert committed.message is not None
             message_id = f"message_{committed.message.id.hex}"
@@ -587,6 +590,13 @@ async def test_checkpoint_committed_after_subscribing_is_delivered(
         frame = chunk.decode()
         assert frame.startswith("event: message\n"), frame
         assert message_id in frame
+        if start_turn:
+            sent = frame
+            async with asyncio.timeout(3):
+                while "event: session\n" not in sent:
+                    sent += (await anext(stream)).decode()
+            session_frame = sent[sent.index("event: session\n") :].split("\n\n")[0]
+            assert '"status":"active"' in session_frame, sent
     finally:
         if first is not None and not first.done():
             first.cancel()

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Outbox:
-    # Session -> the highest sequence this transaction committed for it.
+    # Session -> the highest sequence this transaction committed for it, and the lowest.
     wakeups: dict[uuid.UUID, int] = field(default_factory=dict)
+    firsts: dict[uuid.UUID, int] = field(default_factory=dict)
     # The sessions whose checkpoints here only added user messages (see
     # app.live.items.Wakeup.input_only).
     input_only: set[uuid.UUID] = field(default_factory=set)
@@ -22,8 +23,15 @@ class Outbox:
     keys_changed: bool = False
 
     def wake(
-        self, session_id: uuid.UUID, sequence: int, *, input_only: bool = False
+        self,
+        session_id: uuid.UUID,
+        sequence: int,
+        *,
+        input_only: bool = False,
+        first: int | None = None,
     ) -> None:
+        if first is not None and first < self.firsts.get(session_id, first + 1):
+            self.firsts[session_id] = first
         if input_only and session_id not in self.wakeups:
             self.input_only.add(session_id)
         elif not input_only:

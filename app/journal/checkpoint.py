@@ -112,7 +112,9 @@ async def commit(
         started=started,
         finished=finished,
     )
-    db.outbox.wake(session.id, session.last_sequence, input_only=input_only)
+    db.outbox.wake(
+        session.id, session.last_sequence, input_only=input_only, first=first
+    )
     return Checkpoint(message=message, events=events)
 
 

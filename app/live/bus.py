@@ -67,7 +67,8 @@ def committed_items(outbox: Outbox) -> list[BusItem]:
     """What every process hears of a committed transaction: its wake-ups, deletions and
     key changes (its kicks are for the local runner only)."""
     items: list[BusItem] = [
-        Wakeup(s, q, s in outbox.input_only) for s, q in outbox.wakeups.items()
+        Wakeup(s, q, s in outbox.input_only, outbox.firsts.get(s))
+        for s, q in outbox.wakeups.items()
     ]
     items += [Deleted(s) for s in outbox.deleted]
     if outbox.keys_changed:
@@ -135,9 +136,16 @@ def _asyncpg_dsn(url: str) -> str:
 
 def encode(item: BusItem) -> dict[str, Any]:
     if isinstance(item, Wakeup):
+        wakeup: dict[str, Any] = {
+            "k": "w",
+            "s": item.session_id.hex,
+            "q": item.sequence,
+        }
         if item.input_only:
-            return {"k": "w", "s": item.session_id.hex, "q": item.sequence, "i": 1}
-        return {"k": "w", "s": item.session_id.hex, "q": item.sequence}
+            wakeup["i"] = 1
+        if item.first is not None:
+            wakeup["f"] = item.first
+        return wakeup
     if isinstance(item, TextDelta):
         return {
             "k": "d",
@@ -188,7 +196,13 @@ def encode(item: BusItem) -> dict[str, Any]:
 def decode(data: dict[str, Any]) -> BusItem:
     kind = data["k"]
     if kind == "w":
-        return Wakeup(uuid.UUID(hex=data["s"]), int(data["q"]), "i" in data)
+        first = data.get("f")
+        return Wakeup(
+            uuid.UUID(hex=data["s"]),
+            int(data["q"]),
+            "i" in data,
+            None if first is None else int(first),
+        )
     if kind == "d":
         return TextDelta(
             uuid.UUID(hex=data["s"]),

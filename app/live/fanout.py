@@ -386,21 +386,27 @@ class Fanout:
 
     # ---- per-session reads ---------------------------------------------------------
 
-    async def _read_checkpoints(self, channel: Channel, upto: int) -> list[Out]:
-        """Read what committed in (channel.last, upto], once for every subscriber."""
+    async def _read_checkpoints(self, channel: Channel, wakeup: Wakeup) -> list[Out]:
+        """Read what committed in (channel.last, wakeup.sequence], once for every
+        subscriber."""
+        upto = wakeup.sequence
         if channel.last is None:
             # First wake-up since the channel opened: read from where the subscribers
             # that went live began, so that none has a gap to read for itself (one
-            # still starting fills its own). A subscriber that began later skips the
-            # events it has; without a cursor it is sent the newest snapshot of a
-            # message changed since the earliest began, as it is of one changed while
-            # it started.
+            # still starting fills its own), and at least the whole of the checkpoints
+            # that woke it: a subscriber still starting may have read its position
+            # after they committed, and without a cursor it is owed every one of their
+            # Mutations (`session.activated` comes before a message's last sequence).
+            # A subscriber that began later skips the events it has; without a cursor
+            # it is sent the newest snapshot of a message changed since the earliest
+            # began, as it is of one changed while it started.
             started = [
                 sub.started_at
                 for sub in channel.subscribers
                 if sub.started_at is not None
             ]
-            channel.last = min([upto - 1, *started])
+            woke = upto if wakeup.first is None else wakeup.first
+            channel.last = min([woke - 1, *started])
         if upto <= channel.last:
             return []
         channel.last, items = await read_checkpoints(
@@ -422,7 +428,7 @@ class Fanout:
             channel.busy = True
             if isinstance(item, Wakeup):
                 try:
-                    items = await self._read_checkpoints(channel, item.sequence)
+                    items = await self._read_checkpoints(channel, item)
                 except Exception as exc:
                     # The database is unreachable: subscribers re-read from their own
                     # cursors once it is back.

@@ -17,6 +17,8 @@ class Wakeup:
     # cancel request, an Action on its message, a decision), so its runner need not
     # look (the next step reads the input).
     input_only: bool = False
+    # The first sequence those checkpoints committed (None: not known, or none new).
+    first: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
