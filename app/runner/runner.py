@@ -38,6 +38,9 @@ from app.telemetry import logs, traces
 
 log = logging.getLogger("app.runner")
 
+# How long a runner waits before asking again for a lease the database did not answer.
+LEASE_RETRY_SECONDS = 0.5
+
 
 class TurnRunner:
     def __init__(
@@ -219,12 +222,30 @@ class TurnRunner:
     async def _acquire(self, session_id: uuid.UUID) -> bool:
         """Take the session's lease. Another process may be finishing this session's
         previous turn; it re-checks for a new turn before letting go, so a short wait
-        is enough."""
-        for _ in range(20):
-            if await self.leases.try_acquire(session_id):
+        is enough. A database that does not answer (the lease connection timing out
+        under load, a restart) is waited for as a checkpoint waits for it, up to
+        RUNNER_OUTAGE_SECONDS: giving up would leave the turn to the sweep, which
+        fails it."""
+        deadline = time.monotonic() + self.settings.runner_outage_seconds
+        busy = 0
+        while busy < 20:
+            try:
+                acquired = await self.leases.try_acquire(session_id)
+            except Exception as exc:
+                if not is_transient_db_error(exc) or time.monotonic() > deadline:
+                    raise
+                log.warning(
+                    "runner lease of session %s not taken (%s); trying again",
+                    session_id,
+                    type(exc).__name__,
+                )
+                await asyncio.sleep(LEASE_RETRY_SECONDS)
+                continue
+            if acquired:
                 return True
             if not self.backend.shared:
                 return False
+            busy += 1
             await asyncio.sleep(0.1)
         return False
 
