@@ -26,13 +26,18 @@ from app.messages import schemas, service
 from app.sessions import service as sessions_service
 from app.settings import Settings
 from tests.support.database import new_session_row
-from tests.support.in_process import Running
+from tests.support.in_process import running_app
 
 
 @pytest.fixture
-async def handles(running: Running, settings: Settings) -> Any:
+async def handles(settings: Settings) -> Any:
     """Two handles on the migrated database, as two processes would hold them (each
-    its own heads), without a bus or runner: nothing writes but the test."""
+    its own heads), without a bus or runner: nothing writes but the test. An app
+    migrates the database first and is stopped before the test: its runner's sweeper
+    would end the turns these handles start and no runner runs (after a second here),
+    and the test's next messages would start turns instead of steering them."""
+    async with running_app(settings):
+        pass
     first, second = Database.from_settings(settings), Database.from_settings(settings)
     yield first, second
     await first.dispose()
