@@ -14,7 +14,7 @@ Per N (16 and 64): p50 and p99 token latency, CPU per token, lost tokens (goal 0
 
 import shutil
 
-from bench.rows import Database, Line, median, ratio, side_by_side
+from bench.rows import Database, Line, median, ratio
 from bench.servers import (
     BENCH_ROOT,
     Proc,
@@ -22,9 +22,8 @@ from bench.servers import (
     listening,
     python_env,
     spawn,
-    start_baseline,
 )
-from bench.turns import CHUNKS, INTERVAL_MS, TurnsResult, conversations, service_target
+from bench.turns import TurnsResult, compare, service_target, start_provider
 
 SESSIONS = (16, 64)
 SMOKE_SESSIONS = (2,)
@@ -78,18 +77,7 @@ async def start_haproxy(db: Database, nodes: list[Proc]) -> Proc | None:
 
 
 async def row_balanced(db: Database) -> list[Line]:
-    chunks = ["--chunks", str(CHUNKS), "--interval-ms", str(INTERVAL_MS)]
-    provider = await start_baseline(
-        "provider", "bench.baselines.provider", chunks, db.pinning.load, db.tmp / "logs"
-    )
-    db.procs.append(provider)
-    model = {
-        "MODEL_DRIVER": "openai",
-        "OPENAI_BASE_URL": f"{provider.url}/v1",
-        "OPENAI_MODEL": "bench",
-        "MAX_RUNNING_TURNS_PER_ORG": "100000",
-        "MAX_RUNNING_TURNS_PER_PROCESS": "100000",
-    }
+    model = await start_provider(db)
     nodes = [
         await db.service(f"service-node-{i}", db.pinning.server, **model)
         for i in range(NODES)
@@ -100,21 +88,11 @@ async def row_balanced(db: Database) -> list[Line]:
     lines: list[Line] = []
     details: dict[str, object] = {}
     for n in SMOKE_SESSIONS if db.profile.smoke else SESSIONS:
-        results = await side_by_side(
-            {
-                "balanced": lambda k=n: conversations(
-                    db, service_target(db, balancer, nodes=nodes), k
-                ),
-                "one": lambda k=n: conversations(
-                    db, service_target(db, nodes[0], nodes=nodes), k
-                ),
-            },
-            db.profile.runs,
-        )
-        details[str(n)] = {
-            name: [r.as_dict() for r in runs] for name, runs in results.items()
+        targets = {
+            "balanced": service_target(db, balancer, nodes=nodes),
+            "one": service_target(db, nodes[0], nodes=nodes),
         }
-        lines += lines_for(n, results)
+        lines += lines_for(n, await compare(db, targets, n, details))
     db.details["balanced"] = details
     return lines
 

@@ -17,7 +17,7 @@ server of the bench's own run the same conversations across processes over NATS
 import math
 import shutil
 
-from bench.rows import Database, Line, median, ratio, side_by_side
+from bench.rows import Database, Line, median, ratio
 from bench.servers import (
     BENCH_ROOT,
     Proc,
@@ -25,15 +25,8 @@ from bench.servers import (
     listening,
     python_env,
     spawn,
-    start_baseline,
 )
-from bench.turns import (
-    CHUNKS,
-    INTERVAL_MS,
-    TurnsResult,
-    conversations,
-    service_target,
-)
+from bench.turns import TurnsResult, compare, service_target, start_provider
 
 SESSIONS = (1, 16, 64)
 SMOKE_SESSIONS = (2,)
@@ -163,19 +156,7 @@ async def start_nats(db: Database) -> Proc | None:
 
 
 async def row_bus(db: Database) -> list[Line]:
-    logs = db.tmp / "logs"
-    chunks = ["--chunks", str(CHUNKS), "--interval-ms", str(INTERVAL_MS)]
-    provider = await start_baseline(
-        "provider", "bench.baselines.provider", chunks, db.pinning.load, logs
-    )
-    db.procs.append(provider)
-    model = {
-        "MODEL_DRIVER": "openai",
-        "OPENAI_BASE_URL": f"{provider.url}/v1",
-        "OPENAI_MODEL": "bench",
-        "MAX_RUNNING_TURNS_PER_ORG": "100000",
-        "MAX_RUNNING_TURNS_PER_PROCESS": "100000",
-    }
+    model = await start_provider(db)
     runner = await db.service("service-bus-a", db.pinning.server, **model)
     watcher = await db.service("service-bus-b", db.pinning.server, **model)
     both = [runner, watcher]
@@ -196,16 +177,6 @@ async def row_bus(db: Database) -> list[Line]:
             targets["nats"] = service_target(
                 db, nats_nodes[0], watch=nats_nodes[1], nodes=nats_nodes
             )
-        results = await side_by_side(
-            {
-                name: (lambda t=target, k=n: conversations(db, t, k))
-                for name, target in targets.items()
-            },
-            db.profile.runs,
-        )
-        details[str(n)] = {
-            name: [r.as_dict() for r in runs] for name, runs in results.items()
-        }
-        lines += lines_for(n, results)
+        lines += lines_for(n, await compare(db, targets, n, details))
     db.details["bus"] = details
     return lines

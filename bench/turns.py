@@ -175,6 +175,37 @@ def measure(
     return lambda: conversations(db, target, n)
 
 
+async def compare(
+    db: Database, targets: dict[str, Target], n: int, details: dict[str, object]
+) -> dict[str, list[TurnsResult]]:
+    """N conversations on each target, side by side, each run kept in `details`."""
+    results = await side_by_side(
+        {name: measure(db, target, n) for name, target in targets.items()},
+        db.profile.runs,
+    )
+    details[str(n)] = {
+        name: [r.as_dict() for r in runs] for name, runs in results.items()
+    }
+    return results
+
+
+async def start_provider(db: Database) -> dict[str, str]:
+    """The rows' model provider (`bench.baselines.provider`, on the load core), and
+    the environment that has a service answer from it with no cap on running turns."""
+    chunks = ["--chunks", str(CHUNKS), "--interval-ms", str(INTERVAL_MS)]
+    provider = await start_baseline(
+        "provider", "bench.baselines.provider", chunks, db.pinning.load, db.tmp / "logs"
+    )
+    db.procs.append(provider)
+    return {
+        "MODEL_DRIVER": "openai",
+        "OPENAI_BASE_URL": f"{provider.url}/v1",
+        "OPENAI_MODEL": "bench",
+        "MAX_RUNNING_TURNS_PER_ORG": "100000",
+        "MAX_RUNNING_TURNS_PER_PROCESS": "100000",
+    }
+
+
 def service_target(
     db: Database,
     proc: Proc,
@@ -275,34 +306,14 @@ def lines_for(n: int, results: dict[str, list[TurnsResult]]) -> list[Line]:
 async def row_turns(db: Database) -> list[Line]:
     """The provider, the service on it (`MODEL_DRIVER=openai`) and the relay, then each
     N side by side."""
-    logs = db.tmp / "logs"
-    chunks = ["--chunks", str(CHUNKS), "--interval-ms", str(INTERVAL_MS)]
-    provider = await start_baseline(
-        "provider", "bench.baselines.provider", chunks, db.pinning.load, logs
-    )
-    db.procs.append(provider)
-    base_url = f"{provider.url}/v1"
-    service = await db.service(
-        "service-turns",
-        db.pinning.server,
-        MODEL_DRIVER="openai",
-        OPENAI_BASE_URL=base_url,
-        OPENAI_MODEL="bench",
-        MAX_RUNNING_TURNS_PER_ORG="100000",
-        MAX_RUNNING_TURNS_PER_PROCESS="100000",
-    )
-    relay = await db.baseline("relay", "relay", "--provider", base_url)
+    model = await start_provider(db)
+    service = await db.service("service-turns", db.pinning.server, **model)
+    relay = await db.baseline("relay", "relay", "--provider", model["OPENAI_BASE_URL"])
     lines: list[Line] = []
     details: dict[str, object] = {}
     for n in db.profile.conversations:
         targets = {"service": service_target(db, service), "relay": relay_target(relay)}
-        results = await side_by_side(
-            {name: measure(db, target, n) for name, target in targets.items()},
-            db.profile.runs,
-        )
-        details[str(n)] = {
-            name: [r.as_dict() for r in runs] for name, runs in results.items()
-        }
+        results = await compare(db, targets, n, details)
         if any(r.tokens == 0 for runs in results.values() for r in runs):
             raise BenchError(f"N={n}: a run streamed nothing")
         lines += lines_for(n, results)

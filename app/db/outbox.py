@@ -30,8 +30,8 @@ class Outbox:
         input_only: bool = False,
         first: int | None = None,
     ) -> None:
-        if first is not None and first < self.firsts.get(session_id, first + 1):
-            self.firsts[session_id] = first
+        if first is not None:
+            self.firsts[session_id] = min(first, self.firsts.get(session_id, first))
         if input_only and session_id not in self.wakeups:
             self.input_only.add(session_id)
         elif not input_only:

@@ -68,7 +68,8 @@ class PgBouncer:
         )
         for path in (auth_file, config):
             path.chmod(0o644)
-        self.log.touch(mode=0o666)
+        # Written by `nobody` (touch's mode would be cut by the umask).
+        self.log.touch()
         self.log.chmod(0o666)
         command = [binary, str(config)]
         if os.geteuid() == 0:
