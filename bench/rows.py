@@ -37,6 +37,9 @@ from bench.servers import (
     Pinning,
     Proc,
     ServiceConfig,
+    core_busy,
+    core_times,
+    cpu_seconds,
     python_env,
     spawn,
     start_baseline,
@@ -606,6 +609,80 @@ async def baseline_writes(
     return result
 
 
+def busy_text(results: list[dict[str, Any]]) -> str:
+    """Each core's median busy fraction over runs, as `core 0 61 %, core 1 96 %`."""
+    cores = sorted(results[0]["core_busy"])
+    return ", ".join(
+        f"core {c} {median([r['core_busy'][c] for r in results]) * 100:.0f} %"
+        for c in cores
+    )
+
+
+async def aiohttp_writers(
+    db: Database, server: Proc, api: Api, text: str
+) -> dict[str, Any]:
+    """The `writes` row's writers from an aiohttp client of their own
+    (bench.writers_client), counted from the database as around wrk."""
+    profile = db.profile
+    config = {
+        "url": server.url,
+        "sessions": db.writer_sessions,
+        "authorization": api.authorization,
+        "text": text,
+        "run": uuid.uuid4().hex[:8],
+        "duration": profile.duration,
+    }
+    proc = await spawn(
+        "writers-client",
+        [
+            *db.pinning.load,
+            sys.executable,
+            "-m",
+            "bench.writers_client",
+            orjson.dumps(config).decode(),
+        ],
+        cwd=BENCH_ROOT,
+        env=python_env(BENCH_ROOT),
+        log=db.tmp / "logs" / "writers-client.log",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.process.stdout is not None
+        assert proc.process.stdin is not None
+        await asyncio.wait_for(proc.process.stdout.readline(), 30)
+        before = await count_checkpoints(db)
+        cpu_before = cpu_seconds(server.pid)
+        cores = core_times()
+        started = time.monotonic()
+        proc.process.stdin.write(b"go\n")
+        await proc.process.stdin.drain()
+        out = await asyncio.wait_for(
+            proc.process.stdout.readline(), profile.duration + 60
+        )
+        elapsed = time.monotonic() - started
+        after = await count_checkpoints(db)
+        server_cpu = cpu_seconds(server.pid) - cpu_before
+        busy = core_busy(cores)
+        await asyncio.wait_for(proc.process.wait(), 30)
+    finally:
+        await proc.stop()
+    if not out.strip():
+        raise BenchError(f"writers client failed: {proc.log_tail()}")
+    result = orjson.loads(out)
+    drain = await wait_all_idle(api, db.writer_sessions, 120)
+    return {
+        **result,
+        "requests_per_s": result["ok"] / result["seconds"],
+        "server_cpu_per_post_us": server_cpu / max(result["ok"], 1) * 1e6,
+        "client_cpu_per_post_us": result["cpu_seconds"] / max(result["ok"], 1) * 1e6,
+        "core_busy": busy,
+        "checkpoints_per_s": (after[0] - before[0]) / elapsed,
+        "events_per_s": (after[1] - before[1]) / elapsed,
+        "drain_seconds": round(drain, 2),
+    }
+
+
 async def row_writes(db: Database, server: Proc) -> list[Line]:
     profile = db.profile
     api = db.api(server)
@@ -625,6 +702,8 @@ async def row_writes(db: Database, server: Proc) -> list[Line]:
                 uuid.uuid4().hex[:8],
             )
             before = await count_checkpoints(db)
+            cpu_before = cpu_seconds(server.pid)
+            cores = core_times()
             started = time.monotonic()
             result = await run_wrk(
                 server.url + "/",
@@ -638,9 +717,15 @@ async def row_writes(db: Database, server: Proc) -> list[Line]:
             # left out (measured separately as the drain time).
             elapsed = time.monotonic() - started
             after = await count_checkpoints(db)
+            server_cpu = cpu_seconds(server.pid) - cpu_before
+            busy = core_busy(cores)
             drain = await wait_all_idle(api, db.writer_sessions, 120)
             return {
                 **result.as_dict(),
+                "core_busy": busy,
+                "server_cpu_per_post_us": server_cpu
+                / max(result.requests_per_s * elapsed, 1)
+                * 1e6,
                 "checkpoints": after[0] - before[0],
                 "seconds": round(elapsed, 3),
                 "checkpoints_per_s": (after[0] - before[0]) / elapsed,
@@ -649,14 +734,30 @@ async def row_writes(db: Database, server: Proc) -> list[Line]:
             }
 
         results = await side_by_side(
-            {"service": service, "baseline": lambda: baseline_writes(db)}, profile.runs
+            {
+                "service": service,
+                "client": lambda: aiohttp_writers(db, server, api, text),
+                "baseline": lambda: baseline_writes(db),
+            },
+            profile.runs,
         )
     finally:
         await api.close()
     db.details["writes"] = results
     errors = sum(r["errors"] + r["non_2xx_3xx"] for r in results["service"])
+    errors += sum(r["failed"] for r in results["client"])
     if errors:
         db.notes.append(f"writes: {errors} failed POSTs (socket errors or non-2xx)")
+    db.notes.append(
+        "writes: server CPU per POST "
+        f"{median([r['server_cpu_per_post_us'] for r in results['service']]):.0f} µs "
+        "under wrk, "
+        f"{median([r['server_cpu_per_post_us'] for r in results['client']]):.0f} µs "
+        "under the aiohttp client (its own CPU per POST "
+        f"{median([r['client_cpu_per_post_us'] for r in results['client']]):.0f} µs); "
+        f"cores busy under wrk {busy_text(results['service'])}, "
+        f"under the client {busy_text(results['client'])}"
+    )
     drains = [r["drain_seconds"] for r in results["service"]]
     db.notes.append(
         f"writes: after wrk stopped the runner needed {median(drains):.1f} s (median) "
@@ -672,8 +773,14 @@ async def row_writes(db: Database, server: Proc) -> list[Line]:
         if db.is_postgres
         else "raw sqlite3 tx/s (1 writer)"
     )
+    client_events = median([r["events_per_s"] for r in results["client"]])
+    client_posts = median([r["requests_per_s"] for r in results["client"]])
     compared = []
-    for name, figure in (("checkpoints/s", checkpoints), ("event rows/s", events)):
+    for name, figure in (
+        ("checkpoints/s", checkpoints),
+        ("event rows/s", events),
+        ("event rows/s, aiohttp client", client_events),
+    ):
         r = ratio(figure, raw)
         goal, met = (
             ("≥ 0.60", r is not None and r >= 0.60)
@@ -689,6 +796,13 @@ async def row_writes(db: Database, server: Proc) -> list[Line]:
             "writes",
             f"POST req/s, {profile.writers} writers",
             posts,
+            unit="req/s",
+            compared=False,
+        ),
+        Line(
+            "writes",
+            f"POST req/s, {profile.writers} writers, aiohttp client",
+            client_posts,
             unit="req/s",
             compared=False,
         ),

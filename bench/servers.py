@@ -25,6 +25,37 @@ BENCH_ROOT = Path(__file__).resolve().parents[1]
 SERVER_CORE = 1
 LOAD_CORE = 0
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def core_times() -> dict[int, tuple[int, int]]:
+    """Per core, (busy, total) jiffies so far, from /proc/stat."""
+    times = {}
+    with open("/proc/stat") as handle:
+        for line in handle:
+            name, *fields = line.split()
+            if name.startswith("cpu") and name != "cpu":
+                values = [int(v) for v in fields[:8]]
+                idle = values[3] + values[4]  # idle + iowait
+                times[int(name[3:])] = (sum(values) - idle, sum(values))
+    return times
+
+
+def core_busy(before: dict[int, tuple[int, int]]) -> dict[int, float]:
+    """Each core's busy fraction since `before` (a `core_times()` reading)."""
+    after = core_times()
+    return {
+        core: (after[core][0] - busy) / max(after[core][1] - total, 1)
+        for core, (busy, total) in before.items()
+    }
+
 
 class BenchError(Exception):
     """A step that could not produce its figure; the row reports the message."""

@@ -16,7 +16,6 @@ one core carries at 25 tokens/s (1 / (CPU per token x 25)).
 
 import asyncio
 import math
-import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -26,13 +25,12 @@ import httpx
 
 from bench.load import Subscribers, percentile
 from bench.rows import Database, Line, median, ratio, side_by_side
-from bench.servers import BenchError, Proc, start_baseline
+from bench.servers import BenchError, Proc, cpu_seconds, start_baseline
 
 CHUNKS = 40
 INTERVAL_MS = 40
 TURNS = 3
 TOKENS_PER_SECOND = 25
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -66,13 +64,6 @@ class TurnsResult:
             "failed_turns": self.failed_turns,
             "wall_seconds": round(self.wall_seconds, 2),
         }
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far."""
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 @dataclass
