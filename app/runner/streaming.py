@@ -72,7 +72,15 @@ async def watch_step(
     joined the streaming message: then the step goes on from its new revision."""
 
     async def read() -> tuple[bool, int | None]:
-        return await rt.reads.turn_watch(step.session_id, step.message_id)
+        # The step's end cancels this watch, mostly while a read is in flight: the read
+        # is left to finish and free its connection, for cancelling it would cost the
+        # database a cancel request (a connection of its own) or abandon a pool
+        # connection half opened, so that the pool never grew past one connection.
+        reading = asyncio.ensure_future(
+            rt.reads.turn_watch(step.session_id, step.message_id)
+        )
+        reading.add_done_callback(_retrieve)
+        return await asyncio.shield(reading)
 
     while True:
         await watch.wait()
@@ -82,6 +90,13 @@ async def watch_step(
             return
         if revision is not None and revision > step.revision:
             await rebase(rt, turn, step)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a shielded read's failure as seen: its watch is gone, and the failure of
+    a read nobody waits for is not worth a warning."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def rebase(rt: Runtime, turn: TurnProgress, step: LiveStep) -> None:
