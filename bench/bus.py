@@ -11,7 +11,9 @@ Per N (1, 16, 64 concurrently streaming sessions, each at 25 tokens/s): p50 and 
 token latency, tokens delivered per second, lost tokens, and the CPU both nodes spend
 per token. Where `nats-server` is installed, two more nodes with `BUS_URL` at a NATS
 server of the bench's own run the same conversations across processes over NATS
-(`nats`), beside the PostgreSQL bus (`split`).
+(`nats`), beside the PostgreSQL bus (`split`). On either bus a third node runs and
+watches nothing: its CPU per token is what hearing other nodes' conversations costs a
+node (on NATS it hears only their wake-ups; on PostgreSQL every NOTIFY).
 """
 
 import math
@@ -125,6 +127,17 @@ def _nats_lines(n: int, results: dict[str, list[TurnsResult]]) -> list[Line]:
         ),
         Line(
             "bus",
+            f"N={n}: CPU per token of a node watching none, NATS vs PostgreSQL bus",
+            med("nats", "bystander_cpu_per_token_us"),
+            med("split", "bystander_cpu_per_token_us"),
+            ratio(
+                med("nats", "bystander_cpu_per_token_us"),
+                med("split", "bystander_cpu_per_token_us"),
+            ),
+            unit="µs",
+        ),
+        Line(
+            "bus",
             f"N={n}: lost tokens and failed turns over NATS (worst run)",
             float(lost),
             goal="0",
@@ -159,11 +172,12 @@ async def row_bus(db: Database) -> list[Line]:
     model = await start_provider(db)
     runner = await db.service("service-bus-a", db.pinning.server, **model)
     watcher = await db.service("service-bus-b", db.pinning.server, **model)
+    bystander = await db.service("service-bus-c", db.pinning.server, **model)
     both = [runner, watcher]
     nats_nodes: list[Proc] = []
     nats = await start_nats(db)
     if nats is not None:
-        for name in ("service-nats-a", "service-nats-b"):
+        for name in ("service-nats-a", "service-nats-b", "service-nats-c"):
             node = await db.service(name, db.pinning.server, BUS_URL=nats.url, **model)
             nats_nodes.append(node)
     lines: list[Line] = []
@@ -171,11 +185,17 @@ async def row_bus(db: Database) -> list[Line]:
     for n in SMOKE_SESSIONS if db.profile.smoke else SESSIONS:
         targets = {
             "same": service_target(db, runner, nodes=both),
-            "split": service_target(db, runner, watch=watcher, nodes=both),
+            "split": service_target(
+                db, runner, watch=watcher, nodes=both, bystanders=[bystander]
+            ),
         }
         if nats_nodes:
             targets["nats"] = service_target(
-                db, nats_nodes[0], watch=nats_nodes[1], nodes=nats_nodes
+                db,
+                nats_nodes[0],
+                watch=nats_nodes[1],
+                nodes=nats_nodes[:2],
+                bystanders=nats_nodes[2:],
             )
         lines += lines_for(n, await compare(db, targets, n, details))
     db.details["bus"] = details

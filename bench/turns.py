@@ -19,7 +19,7 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -43,6 +43,14 @@ class TurnsResult:
     p99_ms: float
     lost: int
     failed_turns: int
+    # CPU of the target's bystanders: nodes on the bus that run and watch nothing.
+    bystander_cpu_seconds: float = 0.0
+
+    @property
+    def bystander_cpu_per_token_us(self) -> float:
+        return (
+            self.bystander_cpu_seconds / self.tokens * 1e6 if self.tokens else math.nan
+        )
 
     @property
     def cpu_per_token_us(self) -> float:
@@ -63,6 +71,7 @@ class TurnsResult:
             "lost": self.lost,
             "failed_turns": self.failed_turns,
             "wall_seconds": round(self.wall_seconds, 2),
+            "bystander_cpu_per_token_us": round(self.bystander_cpu_per_token_us, 1),
         }
 
 
@@ -79,6 +88,9 @@ class Target:
     watch: Proc | None = None
     # Every process whose CPU time the row counts (default: `proc`, and `watch`).
     nodes: list[Proc] | None = None
+    # Nodes on the same bus that neither run nor watch these conversations: what
+    # hearing them costs a node, counted apart.
+    bystanders: list[Proc] = field(default_factory=list)
 
 
 async def conversations(db: Database, target: Target, n: int) -> TurnsResult:
@@ -138,11 +150,15 @@ async def conversations(db: Database, target: Target, n: int) -> TurnsResult:
                         failed += 1
 
             cpu_before = sum(cpu_seconds(node.pid) for node in nodes)
+            bystanders_before = sum(cpu_seconds(b.pid) for b in target.bystanders)
             started = time.monotonic()
             await asyncio.gather(*(converse(s) for s in sessions))
             wall = time.monotonic() - started
         await subs.wait("complete", db.profile.grace)
         cpu = sum(cpu_seconds(node.pid) for node in nodes) - cpu_before
+        bystanders_cpu = (
+            sum(cpu_seconds(b.pid) for b in target.bystanders) - bystanders_before
+        )
         merged = await subs.finish()
     finally:
         await subs.close()
@@ -157,6 +173,7 @@ async def conversations(db: Database, target: Target, n: int) -> TurnsResult:
         p99_ms=percentile(latencies, 99) if latencies else math.nan,
         lost=n * expected - received,
         failed_turns=failed,
+        bystander_cpu_seconds=bystanders_cpu,
     )
 
 
@@ -202,6 +219,7 @@ def service_target(
     proc: Proc,
     watch: Proc | None = None,
     nodes: list[Proc] | None = None,
+    bystanders: list[Proc] | None = None,
 ) -> Target:
     async def sessions(n: int) -> list[str]:
         api = db.api(proc)
@@ -217,6 +235,7 @@ def service_target(
         sessions=sessions,
         watch=watch,
         nodes=nodes,
+        bystanders=bystanders or [],
     )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 
@@ -101,6 +102,79 @@ async def test_a_turn_run_by_a_streams_to_b_over_nats_without_notify(
         assert await list_events(client_b, sid) == await list_events(client_a, sid)
     # Nothing of it went through PostgreSQL's NOTIFY.
     assert heard == []
+
+
+def rebuilt_text(frames: list[Frame]) -> str:
+    """The agent's text as a client builds it from a stream that joined mid-turn: a
+    `part` frame is the part as it stands (it may come again, when the process asked
+    the runner for it), and each delta continues where the text so far ends."""
+    text = ""
+    for frame in frames:
+        if frame.event == "part":
+            text = frame.json()["part"]["text"]
+        elif frame.event == "delta":
+            assert frame.json()["offset"] == len(text), "a gap or overlap in the deltas"
+            text += frame.json()["text"]
+    return text
+
+
+async def text_deltas_heard(client: httpx.AsyncClient) -> float:
+    """How many text deltas the bus brought this process (its metrics)."""
+    answer = await client.get("/metrics")
+    for family in text_string_to_metric_families(answer.text):
+        if family.name == "evermirror_bus_notifications":
+            return sum(
+                s.value for s in family.samples if s.labels.get("kind") == "TextDelta"
+            )
+    return 0.0
+
+
+async def test_a_process_hears_the_tokens_of_the_sessions_it_streams_only(
+    settings: Settings, tmp_path: Path, nats_server: Nats
+) -> None:
+    """B streams session one: the turn A runs on session two costs B none of its
+    deltas. A stream B opens on session two mid-turn still gets the whole live text
+    (B asks the runner for the parts so far) and converges."""
+    env = {"BUS_URL": nats_server.url, "SCRIPTED_DELAY_MS": "15"}
+    async with (
+        asyncio.timeout(90),
+        server_process(settings.database_url, tmp_path, kill=False, **env) as a,
+        server_process(settings.database_url, tmp_path, kill=False, **env) as b,
+        httpx.AsyncClient(base_url=a.url, timeout=10) as client_a,
+        httpx.AsyncClient(base_url=b.url, timeout=10) as client_b,
+    ):
+        one = await create_session(client_a, "watched on B")
+        two = await create_session(client_a, "not watched on B")
+        watching = await SSEReader(
+            client_b, f"/v1/sessions/{one}/messages/stream?after=0"
+        ).start()
+        try:
+            await post_message(client_a, two, "/scenario long 60", role="user")
+            # The turn streams on A; B hears its wake-ups, not its deltas.
+            mid_turn = SSEReader(client_a, f"/v1/sessions/{two}/messages/stream")
+            await (await mid_turn.start()).wait_for(
+                lambda frames: sum(f.event == "delta" for f in frames) >= 20,
+                "twenty deltas on A",
+            )
+            await mid_turn.close()
+            assert await text_deltas_heard(client_b) == 0
+            late = await SSEReader(
+                client_b, f"/v1/sessions/{two}/messages/stream?after=0"
+            ).start()
+            try:
+                await late.wait_for(agent_done, "the closed agent message on B")
+            finally:
+                await late.close()
+            assert await text_deltas_heard(client_b) > 0
+            final = [f.json()["message"] for f in late.frames if f.event == "message"]
+            assert text_of(final[-1]) == "".join(f"chunk{i} " for i in range(60))
+            assert rebuilt_text(late.frames) == text_of(final[-1])
+            # And session one, watched all along, still streams to B.
+            await post_message(client_a, one, "/scenario long 10", role="user")
+            await watching.wait_for(agent_done, "session one's reply on B")
+        finally:
+            await watching.close()
+        assert live_text(watching.frames) == "".join(f"chunk{i} " for i in range(10))
 
 
 async def test_nats_lost_mid_turn_loses_nothing_committed(

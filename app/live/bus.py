@@ -112,6 +112,16 @@ class Bus:
         other processes get it shortly after, without the publisher waiting."""
         raise NotImplementedError
 
+    # A bus whose live items reach only the processes that watch their session
+    # (`watch`); the others keep no live projection of it.
+    selective = False
+
+    def watch(self, session_id: uuid.UUID) -> None:
+        """This process has a stream of the session: its live items must reach it."""
+
+    def unwatch(self, session_id: uuid.UUID) -> None:
+        """The last local stream of the session ended."""
+
     @property
     def healthy(self) -> bool:
         return True

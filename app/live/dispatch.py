@@ -38,6 +38,10 @@ REPUBLISH_INTERVAL_SECONDS = 1.0
 class RunnerInbox(Protocol):
     def deliver(self, item: Wakeup | Kick | RepublishParts | Resync) -> None: ...
 
+    def streams(self, message_id: uuid.UUID) -> bool:
+        """Whether a step of this process streams the message."""
+        ...
+
 
 class Dispatcher:
     def __init__(
@@ -60,6 +64,8 @@ class Dispatcher:
         bus.sink = self.deliver
         bus.on_listening = self.listening
         fanout.on_missed_part = self.ask_republish
+        fanout.on_watch = bus.watch
+        fanout.on_unwatch = self.unwatch
         keys.on_revoked = fanout.revoke
         keys.streaming = fanout.key_hashes
 
@@ -104,6 +110,12 @@ class Dispatcher:
             self.keys.changed()
         else:
             self.runner.deliver(item)
+
+    def unwatch(self, session_id: uuid.UUID) -> None:
+        self.bus.unwatch(session_id)
+        if self.bus.selective:
+            # The ends of its steps run elsewhere will not reach this process.
+            self.fanout.forget(session_id, keep=self.runner.streams)
 
     def ask_republish(self, message_id: uuid.UUID) -> None:
         now = time.monotonic()

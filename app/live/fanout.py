@@ -151,6 +151,11 @@ class Fanout:
         self.heartbeat_seconds = heartbeat_seconds
         self.send_timeout_seconds = send_timeout_seconds
         self.on_missed_part = on_missed_part
+        # Told when a session gets its first local stream and when its last one ends:
+        # a bus that carries live items only to the processes that watch a session
+        # subscribes to it then.
+        self.on_watch: Callable[[uuid.UUID], None] = lambda session_id: None
+        self.on_unwatch: Callable[[uuid.UUID], None] = lambda session_id: None
         self.channels: dict[uuid.UUID, Channel] = {}
         self.projections: dict[uuid.UUID, Projection] = {}
         self.writers: set[StreamWriter] = set()
@@ -291,6 +296,7 @@ class Fanout:
             channel.task = asyncio.create_task(
                 self._pump(channel), name=f"fanout-{session_id.hex}"
             )
+            self.on_watch(session_id)
         channel.subscribers.add(sub)
         return sub
 
@@ -305,6 +311,16 @@ class Fanout:
             del self.channels[sub.session_id]
             if channel.task is not None:
                 channel.task.cancel()
+            self.on_unwatch(sub.session_id)
+
+    def forget(self, session_id: uuid.UUID, keep: Callable[[uuid.UUID], bool]) -> None:
+        """Drop the live projections of a session whose live items stop reaching this
+        process (the ends of their steps would not either), but those of the messages
+        `keep` names (streamed here); a stream that opens on the session later asks
+        the runner for its parts again (`on_missed_part`)."""
+        for message_id, projection in tuple(self.projections.items()):
+            if projection.session_id == session_id and not keep(message_id):
+                del self.projections[message_id]
 
     def key_hashes(self) -> set[str]:
         """The keys local streams were opened with."""

@@ -8,11 +8,19 @@ once their transaction has committed, wake-ups, deletions and key changes. No wr
 transaction issues NOTIFY, so writers do not queue on the lock NOTIFY takes at commit
 (the `notify` row of the benchmark measures it).
 
-Each session's items go on a subject of its own, `evermirror.s.<session>`, in the order
-this process publishes them (a step's deltas before its checkpoint's wake-up); items of
-no session on `evermirror.all`. Every process subscribes to `evermirror.>` and fans out
-in memory, as with the PostgreSQL bus; NATS does not echo a process's own messages back
-to it (`no_echo`), which it has delivered in memory already.
+Subjects, and who hears them:
+* `evermirror.s.<session>`: the session's live items and its wake-ups, in the order this
+  process publishes them (a step's deltas before its checkpoint's wake-up). A process
+  subscribes to it while it has a stream of the session (`watch`), so a token costs
+  only the processes whose clients watch it; the others keep no live projection of the
+  session, and a stream opened there mid-turn asks the runner for its parts again.
+* `evermirror.c.<session>`: a copy of the session's wake-ups and its deletion, for every
+  process (caches, the runner's cancel watch, `?wait=true`). A process takes a session's
+  wake-ups from here until its subscription to the session's own subject is confirmed
+  (a flush), and from that subject after, so they stay behind the step's deltas.
+* `evermirror.all`: items of no session (key changes, resyncs, republish requests).
+NATS does not echo a process's own messages back to it (`no_echo`), which it has
+delivered in memory already.
 
 Wake-ups leave after COMMIT, not with it: a process that dies between the two never
 sends them, and a process cut off from NATS misses what was sent meanwhile. Both end
@@ -27,12 +35,14 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import nats
 import orjson
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from app.db.outbox import Outbox
 from app.live.bus import (
@@ -42,7 +52,7 @@ from app.live.bus import (
     enqueue,
     packed,
 )
-from app.live.items import BusItem, Resync
+from app.live.items import BusItem, Deleted, Resync, Wakeup
 
 log = logging.getLogger("app.live.bus")
 
@@ -55,10 +65,22 @@ class BusUnavailable(RuntimeError):
     """NATS could not be reached at start-up."""
 
 
-def subject(session_id: uuid.UUID | None) -> str:
-    if session_id is None:
-        return f"{PREFIX}.all"
+ALL = f"{PREFIX}.all"
+
+
+def live_subject(session_id: uuid.UUID) -> str:
     return f"{PREFIX}.s.{session_id.hex}"
+
+
+def committed_subject(session_id: uuid.UUID) -> str:
+    return f"{PREFIX}.c.{session_id.hex}"
+
+
+@dataclass(eq=False)
+class Watch:
+    """A session this process watches: its live subject's subscription, once made."""
+
+    sub: Subscription | None = None
 
 
 class NatsBus(Bus):
@@ -74,6 +96,10 @@ class NatsBus(Bus):
         self._queued = asyncio.Event()
         self._sending: asyncio.Task[None] | None = None
         self._last_error: BaseException | None = None
+        # Subscriptions to the live subject of the sessions this process watches, and
+        # the sessions whose subscription is confirmed (their wake-ups come from it).
+        self._watched: dict[uuid.UUID, Watch] = {}
+        self._confirmed: set[uuid.UUID] = set()
         # Until the first connection: failures are said once, in the refusal.
         self._connected_once = False
 
@@ -106,7 +132,8 @@ class NatsBus(Bus):
                 f"{CONNECT_SECONDS:.0f} s ({reason or type(reason).__name__})"
             ) from exc
         self._connected_once = True
-        await self._nc.subscribe(f"{PREFIX}.>", cb=self._on_message)
+        await self._nc.subscribe(f"{PREFIX}.c.>", cb=self._on_message)
+        await self._nc.subscribe(ALL, cb=self._on_message)
         await self._nc.flush()
         self.on_listening(True)
         self._sending = asyncio.create_task(self._send_loop(), name="nats-bus-sender")
@@ -182,28 +209,104 @@ class NatsBus(Bus):
         for item in batch:
             by_session.setdefault(getattr(item, "session_id", None), []).append(item)
         for session_id, items in by_session.items():
-            for payload in packed(items, '{"from":"nats",'):
-                await nc.publish(subject(session_id), payload.encode())
+            if session_id is None:
+                await self._publish(ALL, items)
+                continue
+            live: list[BusItem] = [i for i in items if not isinstance(i, Deleted)]
+            if live:
+                await self._publish(live_subject(session_id), live)
+            # After the live subject: a process that watches the session hears the
+            # wake-up there, behind the deltas, before this copy.
+            committed: list[BusItem] = [
+                i for i in items if isinstance(i, Wakeup | Deleted)
+            ]
+            if committed:
+                await self._publish(committed_subject(session_id), committed)
+
+    async def _publish(self, subject: str, items: list[BusItem]) -> None:
+        assert self._nc is not None
+        for payload in packed(items, '{"from":"nats",'):
+            await self._nc.publish(subject, payload.encode())
+
+    # ---- watching -----------------------------------------------------------------
+
+    selective = True
+
+    def watch(self, session_id: uuid.UUID) -> None:
+        if session_id in self._watched:
+            return
+        watch = self._watched[session_id] = Watch()
+        asyncio.get_running_loop().create_task(self._subscribe(session_id, watch))
+
+    def unwatch(self, session_id: uuid.UUID) -> None:
+        # Its wake-ups come from the committed copy again at once; live items still
+        # in flight on the session's subject are dropped (nobody here streams it).
+        self._confirmed.discard(session_id)
+        watch = self._watched.pop(session_id, None)
+        if watch is not None and watch.sub is not None:
+            asyncio.get_running_loop().create_task(self._unsubscribe(watch.sub))
+        # (A subscription still being made is undone by its own task.)
+
+    async def _subscribe(self, session_id: uuid.UUID, watch: Watch) -> None:
+        nc = self._nc
+        if nc is None or nc.is_closed:
+            return
+        try:
+            sub = await nc.subscribe(live_subject(session_id), cb=self._on_live)
+            if self._watched.get(session_id) is not watch:
+                # Unwatched meanwhile.
+                await sub.unsubscribe()
+                return
+            watch.sub = sub
+            # Once the server has the subscription, every later wake-up of the session
+            # comes on its subject too: take them from there, behind the deltas.
+            await nc.flush()
+        except Exception as exc:
+            # Not watched over NATS: live items of the session miss this process, and
+            # its streams ask the runner for the parts (wake-ups still come).
+            log.warning("NATS bus: cannot subscribe to a session: %s", exc)
+            return
+        if self._watched.get(session_id) is watch:
+            self._confirmed.add(session_id)
+
+    async def _unsubscribe(self, sub: Subscription) -> None:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
 
     # ---- receiving ----------------------------------------------------------------
 
     async def _on_message(self, msg: Msg) -> None:
-        try:
-            data: dict[str, Any] = orjson.loads(msg.data)
-            batch = data.get("items")
-            items = [decode(data)] if batch is None else [decode(i) for i in batch]
-        except (
-            orjson.JSONDecodeError,
-            AttributeError,
-            KeyError,
-            TypeError,
-            ValueError,
-        ):
-            log.warning("dropping malformed bus message on %s", msg.subject)
-            return
-        for item in items:
-            self.sink(item)
+        """The committed copies and the items of no session: a wake-up of a session
+        whose own subject is confirmed here came on it already."""
+        confirmed = self._confirmed
+        for item in _items(msg):
+            if not (type(item) is Wakeup and item.session_id in confirmed):
+                self.sink(item)
+
+    async def _on_live(self, msg: Msg) -> None:
+        """A watched session's subject: its live items, and its wake-ups once the
+        subscription is confirmed (until then they come from the committed copy)."""
+        confirmed = self._confirmed
+        for item in _items(msg):
+            if type(item) is not Wakeup or item.session_id in confirmed:
+                self.sink(item)
 
     @property
     def healthy(self) -> bool:
         return self._nc is not None and self._nc.is_connected
+
+
+def _items(msg: Msg) -> list[BusItem]:
+    try:
+        data: dict[str, Any] = orjson.loads(msg.data)
+        batch = data.get("items")
+        return [decode(data)] if batch is None else [decode(i) for i in batch]
+    except (
+        orjson.JSONDecodeError,
+        AttributeError,
+        KeyError,
+        TypeError,
+        ValueError,
+    ):
+        log.warning("dropping malformed bus message on %s", msg.subject)
+        return []

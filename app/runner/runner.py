@@ -166,6 +166,9 @@ class TurnRunner:
             for watch in self.runtime.watches.values():
                 watch.set()
 
+    def streams(self, message_id: uuid.UUID) -> bool:
+        return message_id in self.runtime.live
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
         self._background.add(task)
