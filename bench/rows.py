@@ -567,16 +567,22 @@ async def wait_all_idle(api: Api, sessions: list[str], within: float) -> float:
 
 
 async def baseline_writes(
-    db: Database, connections: int = 8, notify: bool | None = None
+    db: Database,
+    connections: int = 8,
+    notify: bool | None = None,
+    nats_url: str | None = None,
 ) -> dict[str, float]:
     """Raw write transactions (bench.baselines.writes) where the service runs; on
     PostgreSQL with `connections` writers, and with `notify` a NOTIFY in each
-    transaction (True) or the same round trip without it (False)."""
+    transaction (True) or the same round trip without it (False), then with
+    `nats_url` each wake-up published to NATS after the commit."""
     profile = db.profile
     if db.pg_dsn is not None:
         target = ["--dsn", db.pg_dsn, "--connections", str(connections)]
         if notify is not None:
             target += ["--notify", "yes" if notify else "no"]
+        if nats_url is not None:
+            target += ["--nats", nats_url]
     else:
         target = ["--sqlite", str(db.tmp / "writes-baseline.db")]
     proc = await spawn(

@@ -12,6 +12,11 @@ as a checkpoint's wake-up), heard by one listening connection: NOTIFY takes a lo
 held from commit to commit across the whole database, so this measures what that lock
 costs writers; `--notify no` is its control, the same statement without the NOTIFY.
 
+With `--nats URL` instead, each transaction sends the control statement and, once it has
+committed, its wake-up is published to that NATS server (as the service's NATS bus does),
+heard by one subscribing connection: the same writers with the wake-up outside the
+database.
+
 Prints one JSON object: transactions, seconds, tx_per_s (and notifications_heard).
 """
 
@@ -49,9 +54,11 @@ async def postgres(
     duration: float,
     warmup: float,
     notify: bool | None = None,
+    nats_url: str | None = None,
 ) -> dict[str, float]:
     """`notify`: None, the checkpoint's shape alone; True, a NOTIFY in each
-    transaction; False, the same statement without it (the control)."""
+    transaction; False, the same statement without it (the control), and with
+    `nats_url` the wake-up published to NATS after the commit."""
     admin = await asyncio.wait_for(asyncpg.connect(dsn), 15)
     try:
         for statement in SETUP:
@@ -69,6 +76,18 @@ async def postgres(
     heard = [0]
     listener = await asyncio.wait_for(asyncpg.connect(dsn), 15)
     await listener.add_listener(CHANNEL, lambda *_: heard.__setitem__(0, heard[0] + 1))
+    publisher = subscriber = None
+    if nats_url is not None:
+        import nats  # only where it is asked for
+
+        publisher = await nats.connect(nats_url)
+        subscriber = await nats.connect(nats_url)
+
+        async def on_wakeup(_msg: object) -> None:
+            heard[0] += 1
+
+        await subscriber.subscribe(f"{CHANNEL}.>", cb=on_wakeup)
+        await subscriber.flush()
     start = time.monotonic() + warmup
     stop = start + duration
 
@@ -93,6 +112,8 @@ async def postgres(
                     await conn.execute(
                         NOTIFY if notify else NO_NOTIFY, CHANNEL, PAYLOAD % n
                     )
+            if publisher is not None:
+                await publisher.publish(f"{CHANNEL}.{index}", (PAYLOAD % n).encode())
             if now >= start:
                 counts[index] += 1
 
@@ -105,6 +126,9 @@ async def postgres(
         for conn in conns:
             await conn.close()
         await listener.close()
+        for client in (publisher, subscriber):
+            if client is not None:
+                await client.close()
     total = sum(counts)
     return {
         "transactions": total,
@@ -166,6 +190,9 @@ def main() -> None:
         choices=["yes", "no"],
         help="a NOTIFY in each transaction (yes), or the same round trip without (no)",
     )
+    parser.add_argument(
+        "--nats", help="with --notify no: each wake-up published to this NATS server"
+    )
     args = parser.parse_args()
     if args.dsn:
         result = asyncio.run(
@@ -175,6 +202,7 @@ def main() -> None:
                 args.duration,
                 args.warmup,
                 None if args.notify is None else args.notify == "yes",
+                args.nats,
             )
         )
     else:
