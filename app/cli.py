@@ -56,7 +56,7 @@ async def _keys_state(settings: Settings, first_key: bool) -> bool:
     from app import auth
     from app.db.session import Database
     from app.ids import format_id
-    from app.live.bus import create_bus
+    from app.live.buses import create_bus
 
     database = Database.from_settings(settings)
     # A key created here ends open mode on running servers too (see `_keys`).
@@ -244,7 +244,7 @@ async def _keys(args: argparse.Namespace) -> int:
     from app import auth
     from app.db.session import Database
     from app.ids import IdParseError, format_id, parse_id
-    from app.live.bus import create_bus
+    from app.live.buses import create_bus
 
     settings = get_settings()
     database = Database.from_settings(settings)
@@ -303,7 +303,7 @@ def keys(args: argparse.Namespace) -> int:
 async def _purge(args: argparse.Namespace) -> int:
     from app.db.session import Database
     from app.ids import format_id
-    from app.live.bus import create_bus
+    from app.live.buses import create_bus
     from app.sessions import retention
 
     settings = get_settings()

@@ -51,7 +51,7 @@ from app.errors import (
     problem_response,
 )
 from app.journal.admission import TurnAdmission
-from app.live.bus import create_bus
+from app.live.buses import create_bus
 from app.live.cache import PageCache
 from app.live.dispatch import Dispatcher
 from app.live.fanout import Fanout

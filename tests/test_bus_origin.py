@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from app.db.session import Database
-from app.live.bus import PgBus, _asyncpg_dsn
 from app.live.items import BusItem, Resync, TextDelta, Wakeup
+from app.live.pg_bus import PgBus, _asyncpg_dsn
 from app.settings import Settings
 from tests.support.database import new_session_row
 from tests.support.in_process import Running

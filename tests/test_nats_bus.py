@@ -5,42 +5,26 @@ without a NOTIFY in the database; NATS lost mid-turn loses nothing committed, an
 processes reconnect by themselves; an unreachable BUS_URL is a one-line refusal."""
 
 import asyncio
-import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import asyncpg
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
-from sqlalchemy.engine import make_url
 
 from app.settings import Settings
 from tests.support.api import create_session, list_events, post_message, text_of
 from tests.support.nats import Nats
+from tests.support.notify import notifications
 from tests.support.servers import free_port, server_process
 from tests.support.sse import Frame, SSEReader
 
 pytestmark = pytest.mark.postgres_only
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@contextlib.asynccontextmanager
-async def notifications(database_url: str) -> AsyncIterator[list[str]]:
-    """Every NOTIFY on the PostgreSQL bus's channel while the block runs."""
-    dsn = make_url(database_url).set(drivername="postgresql").render_as_string(False)
-    heard: list[str] = []
-    conn = await asyncpg.connect(dsn)
-    await conn.add_listener("evermirror", lambda *args: heard.append(args[-1]))
-    try:
-        yield heard
-    finally:
-        await conn.close()
 
 
 def agent_done(frames: list[Frame]) -> bool:

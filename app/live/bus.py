@@ -1,12 +1,13 @@
-"""The fan-out bus: one interface, two implementations.
+"""The fan-out bus: one interface, three implementations.
 
 * `MemoryBus` (SQLite, one process): everything is delivered in memory.
-* `PgBus` (PostgreSQL): `NOTIFY` inside the checkpoint transaction, so PostgreSQL itself
-  delivers the wake-up exactly when (and only if) the transaction commits; live payloads
-  (deltas, runner controls) are sent with `pg_notify` from a small connection; each
-  process holds one `LISTEN` connection and fans out in memory to its local subscribers.
+* `PgBus` (PostgreSQL, app/live/pg_bus.py): NOTIFY and LISTEN.
+* `NatsBus` (`BUS_URL`, app/live/nats_bus.py): per-session NATS subjects.
 
-Either way a process delivers its own items in memory as it commits or publishes them,
+This module holds the interface and what the two cross-process buses share: the
+compact JSON encoding of items, the joining of deltas and the packing of payloads.
+
+Every way a process delivers its own items in memory as it commits or publishes them,
 in the order it does so. On PostgreSQL the NOTIFY carries them to the other processes;
 each payload starts with its process's origin, and a process skips its own when they
 come back. (Waiting for them would put a round trip to PostgreSQL, and a turn of the
@@ -16,20 +17,13 @@ Wake-ups carry `(session_id, sequence)` only: the database is the source of trut
 missed wake-up can delay a subscriber but never lose anything.
 """
 
-import asyncio
-import contextlib
 import logging
-import secrets
-import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Any
 
-import asyncpg
 import orjson
-from sqlalchemy.engine import make_url
 
-from app.backend import Backend
 from app.db.outbox import Outbox
 from app.db.writes import Write
 from app.ids import format_id, uuid7
@@ -133,12 +127,6 @@ class MemoryBus(Bus):
 
     def publish(self, item: BusItem) -> None:
         self.sink(item)
-
-
-def _asyncpg_dsn(url: str) -> str:
-    return (
-        make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    )
 
 
 # ---- the NOTIFY encoding: compact JSON, known only to the PostgreSQL bus ---------------
@@ -280,207 +268,6 @@ def split_payload(item: BusItem) -> list[bytes]:
     return chunks
 
 
-class PgBus(Bus):
-    """Live items leave in batches: `publish` delivers an item here at once and queues
-    it; a sender task waits `COALESCE_SECONDS` for more, joins each run of a part's
-    deltas into one, packs the items into as few NOTIFY payloads as fit, and sends them
-    in one round trip. A token streamed to another process costs a share of a NOTIFY,
-    not one, and the model's reader never waits for PostgreSQL."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__()
-        self._dsn = _asyncpg_dsn(url)
-        self._listener: asyncpg.Connection | None = None
-        self._sender: asyncpg.Connection | None = None
-        # Live items waiting for the sender task, in publish order.
-        self._pending: list[BusItem] = []
-        self._queued = asyncio.Event()
-        # The sessions of the live items queued or being sent, and of those being
-        # sent, with the event set when that send ended (see before_commit).
-        self._unsent: set[uuid.UUID | None] = set()
-        self._in_flight: set[uuid.UUID | None] = set()
-        self._sent = asyncio.Event()
-        self._sending: asyncio.Task[None] | None = None
-        self._supervisor: asyncio.Task[None] | None = None
-        self._stopping = False
-        # While PostgreSQL refuses the notify connection, live items are dropped without
-        # a connection attempt (and a warning) for every one of them.
-        self._sender_retry_at = 0.0
-        # Every payload this process sends starts with its origin (a fresh random
-        # token per process: workers are started, not forked, so each draws its own).
-        self._origin = '{"from":"' + secrets.token_hex(8) + '",'
-
-    def _payload(self, encoded: bytes) -> str:
-        """An encoded item (a JSON object) as this process's NOTIFY payload."""
-        return self._origin + encoded[1:].decode()
-
-    async def start(self) -> None:
-        await self._connect()
-        self._supervisor = asyncio.create_task(
-            self._supervise(), name="pg-bus-supervisor"
-        )
-        self._sending = asyncio.create_task(self._send_loop(), name="pg-bus-sender")
-
-    async def _connect(self) -> None:
-        listener = await asyncpg.connect(
-            self._dsn, server_settings={"application_name": "evermirror-listen"}
-        )
-        await listener.add_listener(CHANNEL, self._on_notify)
-        listener.add_termination_listener(self._on_terminated)
-        self._listener = listener
-        self.on_listening(True)
-
-    def _on_terminated(self, _conn: object) -> None:
-        # Wake-ups sent from now until the listener is back are never heard here.
-        self.on_listening(False)
-
-    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        if payload.startswith(self._origin):
-            # Ours: delivered here when it was committed or published.
-            return
-        try:
-            data = orjson.loads(payload)
-            batch = data.get("items")
-            items = [decode(data)] if batch is None else [decode(i) for i in batch]
-        except (
-            orjson.JSONDecodeError,
-            AttributeError,
-            KeyError,
-            TypeError,
-            ValueError,
-        ):
-            log.warning("dropping malformed bus payload")
-            return
-        for item in items:
-            self.sink(item)
-
-    async def _supervise(self) -> None:
-        """Reconnect the listener after PostgreSQL restarts; subscribers are told to resync."""
-        while not self._stopping:
-            await asyncio.sleep(0.5)
-            listener = self._listener
-            if listener is not None and not listener.is_closed():
-                continue
-            self.on_listening(False)
-            try:
-                await self._connect()
-            except Exception as exc:
-                # Whatever the failure, try again: a supervisor that dies leaves this
-                # process deaf to the bus until it restarts.
-                log.warning("bus listener reconnect failed: %s", exc)
-                continue
-            log.info("bus listener reconnected")
-            # Anything published while we were deaf is in the database: wake every
-            # local subscriber so it re-reads from its cursor.
-            self.sink(Resync())
-
-    async def stop(self) -> None:
-        self._stopping = True
-        for task in (self._supervisor, self._sending):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        for conn in (self._listener, self._sender):
-            if conn is not None and not conn.is_closed():
-                with contextlib.suppress(Exception):
-                    await conn.close()
-
-    async def before_commit(self, db: Write) -> None:
-        woken = db.outbox.wakeups
-        if woken and not self._unsent.isdisjoint(woken):
-            await self._ahead_of(db, woken.keys())
-        # NOTIFY is transactional: delivered at COMMIT, discarded on ROLLBACK.
-        for item in committed_items(db.outbox):
-            db.notify(CHANNEL, self._payload(orjson.dumps(encode(item))))
-
-    def commit_unknown(self) -> None:
-        # If it did commit, its NOTIFY reached the other processes but this one skips
-        # it: every local subscriber re-reads from its own cursor instead.
-        self.sink(Resync())
-
-    def publish(self, item: BusItem) -> None:
-        self.sink(item)
-        if time.monotonic() < self._sender_retry_at:
-            return
-        self._unsent.add(_session_of(item))
-        if enqueue(self._pending, item):
-            self._queued.set()
-
-    async def _send_loop(self) -> None:
-        while True:
-            await self._queued.wait()
-            # A few milliseconds for more: a streaming turn's next deltas, the other
-            # turns' (bounded added latency, for other processes only).
-            await asyncio.sleep(COALESCE_SECONDS)
-            self._queued.clear()
-            await self._send_pending()
-
-    async def _ahead_of(self, db: Write, woken: Collection[uuid.UUID]) -> None:
-        """Live items of the sessions a commit wakes reach the other processes before
-        its wake-ups (a step's deltas ahead of the step's checkpoint): those still
-        queued go as NOTIFYs of the same transaction, ahead of its own, and a batch
-        already being sent is waited for. No lock that writers share, and no round
-        trip of their own. (If the transaction rolls back, they are not sent: live
-        items are ephemeral, and subscribers converge on the next snapshot.)"""
-        while not self._in_flight.isdisjoint(woken):
-            await self._sent.wait()
-        ours = [i for i in self._pending if _session_of(i) in woken]
-        if ours:
-            self._pending = [i for i in self._pending if _session_of(i) not in woken]
-            for payload in packed(ours, self._origin):
-                db.notify(CHANNEL, payload)
-        self._unsent = {_session_of(i) for i in self._pending} | self._in_flight
-
-    async def _send_pending(self) -> None:
-        batch, self._pending = self._pending, []
-        if not batch:
-            return
-        self._in_flight = {_session_of(i) for i in batch}
-        self._sent = asyncio.Event()
-        try:
-            await self._send(packed(batch, self._origin))
-        finally:
-            self._in_flight = set()
-            self._sent.set()
-            self._unsent = {_session_of(i) for i in self._pending}
-
-    async def _send(self, payloads: list[str]) -> None:
-        try:
-            if self._sender is None or self._sender.is_closed():
-                self._sender = await asyncpg.connect(
-                    self._dsn,
-                    server_settings={"application_name": "evermirror-notify"},
-                )
-            await self._sender.executemany(
-                "SELECT pg_notify($1, $2)", [(CHANNEL, p) for p in payloads]
-            )
-        except (
-            OSError,
-            asyncpg.PostgresError,
-            asyncpg.InterfaceError,
-            # Raised by a connection that broke in the middle of an operation.
-            asyncpg.InternalClientError,
-        ) as exc:
-            # Live items are ephemeral: while PostgreSQL is unreachable they are
-            # dropped, and subscribers converge on the next committed snapshot.
-            log.warning("bus publish failed, live items dropped for 0.5 s: %s", exc)
-            self._sender_retry_at = time.monotonic() + 0.5
-            self._pending.clear()
-            if self._sender is not None and not self._sender.is_closed():
-                self._sender.terminate()
-            self._sender = None
-
-    @property
-    def healthy(self) -> bool:
-        return self._listener is not None and not self._listener.is_closed()
-
-
-def _session_of(item: BusItem) -> uuid.UUID | None:
-    session_id: uuid.UUID | None = getattr(item, "session_id", None)
-    return session_id
-
-
 def joined_delta(before: BusItem, after: TextDelta) -> TextDelta | None:
     """One delta for two that follow each other in one part, or None. The joined
     delta keeps the first one's event id and time: other processes' `/sse` clients
@@ -550,15 +337,3 @@ def packed(items: list[BusItem], origin: str) -> list[str]:
             size += len(encoded) + 1
     close()
     return payloads
-
-
-def create_bus(backend: Backend, database_url: str, bus_url: str | None = None) -> Bus:
-    """Across processes on a shared database: over NATS when `bus_url` names a server,
-    else LISTEN/NOTIFY; in memory for one process."""
-    if backend.shared and bus_url:
-        from app.live.nats_bus import NatsBus  # imported only where it is configured
-
-        return NatsBus(bus_url)
-    if backend.shared:
-        return PgBus(database_url)
-    return MemoryBus()
