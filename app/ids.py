@@ -16,6 +16,17 @@ _last_random = 0
 
 
 def uuid7() -> uuid.UUID:
+    """A time-ordered UUIDv7 (see `uuid7_int`)."""
+    return uuid.UUID(int=uuid7_int())
+
+
+def event_id() -> str:
+    """A new event id, `event_<uuid7 hex>`: minted for every live delta, so without the
+    UUID object."""
+    return f"event_{uuid7_int():032x}"
+
+
+def uuid7_int() -> int:
     """A time-ordered UUIDv7 (RFC 9562): 48-bit ms timestamp, then 74 random bits.
 
     Monotonic within the process (RFC 9562 section 6.2, method 2): an id minted in the
@@ -38,7 +49,7 @@ def uuid7() -> uuid.UUID:
     value |= (random >> 62) << 64
     value |= 0b10 << 62
     value |= random & ((1 << 62) - 1)
-    return uuid.UUID(int=value)
+    return value
 
 
 def format_id(prefix: str, value: uuid.UUID) -> str:

@@ -1,6 +1,7 @@
 """Wire encoding: orjson bytes, RFC 3339 timestamps, UTF-16 text offsets, and responses
 built from stored JSON."""
 
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -32,6 +33,23 @@ def event_ts(value: datetime) -> str:
     if value.tzinfo is not UTC:
         value = value.astimezone(UTC)
     return value.isoformat(timespec="milliseconds")[:-6] + "Z"
+
+
+_now_ms = -1
+_now_text = ""
+
+
+def event_now() -> str:
+    """`event_ts` of the current time, formatted once per millisecond: every live delta
+    carries one, and several share a millisecond under load."""
+    global _now_ms, _now_text
+    ms = time.time_ns() // 1_000_000
+    if ms != _now_ms:
+        moment = datetime.fromtimestamp(ms // 1000, UTC).replace(
+            microsecond=ms % 1000 * 1000
+        )
+        _now_ms, _now_text = ms, moment.isoformat(timespec="milliseconds")[:-6] + "Z"
+    return _now_text
 
 
 def join_array(items: Iterable[str | bytes]) -> bytes:

@@ -1,11 +1,13 @@
-"""Wire ids: UUIDv7 minted in one process sort in the order they were minted."""
+"""Wire ids: UUIDv7 minted in one process sort in the order they were minted; event ids
+and event times minted per live delta take the fast path to the same forms."""
 
 import itertools
 import time
+from datetime import UTC, datetime
 
 import pytest
 
-from app import ids
+from app import ids, wire
 
 
 def test_ids_minted_in_one_millisecond_sort_in_minting_order() -> None:
@@ -40,3 +42,26 @@ def test_a_full_counter_moves_the_timestamp_on(
     second = ids.uuid7()
     assert second > first
     assert second.int >> 80 == (first.int >> 80) + 1
+
+
+def test_event_ids_are_uuid7_in_the_wire_form_and_share_their_order() -> None:
+    minted = [ids.event_id() for _ in range(1_000)]
+    assert minted == sorted(minted)
+    for text in minted[:50]:
+        value = ids.parse_id("event", text)
+        assert value.version == 7
+        assert ids.format_id("event", value) == text
+    # Ordered with the UUIDs minted around them.
+    before, event, after = ids.uuid7(), ids.event_id(), ids.uuid7()
+    assert before < ids.parse_id("event", event) < after
+
+
+def test_the_event_time_of_now_is_the_millisecond_of_now(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for ms in (1_733_312_128_005, 1_733_312_128_999, 1_733_312_129_000, 0):
+        monkeypatch.setattr(time, "time_ns", lambda ms=ms: ms * 1_000_000 + 999_999)
+        moment = datetime.fromtimestamp(ms // 1000, UTC).replace(
+            microsecond=ms % 1000 * 1000 + 999
+        )
+        assert wire.event_now() == wire.event_ts(moment)

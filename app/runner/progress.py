@@ -7,8 +7,7 @@ from typing import Any
 
 from app import wire
 from app.db.rows import MessageRow
-from app.db.types import utcnow
-from app.ids import format_id, uuid7
+from app.ids import event_id, format_id
 from app.journal import lifecycle
 from app.journal.parts import part_id
 from app.journal.sessions import add_usage
@@ -65,6 +64,11 @@ class LiveStep:
     # Tool calls whose arguments were not valid JSON: committed failed, never run. The
     # turn goes on, so the model sees why.
     failed_calls: list[ToolCall] = field(default_factory=list)
+    # The turn's wire id, which every delta carries.
+    turn_ref: str = ""
+
+    def __post_init__(self) -> None:
+        self.turn_ref = format_id("turn", self.turn_id)
 
     def new_part(self, part: dict[str, Any]) -> dict[str, Any]:
         sequence = self.first_sequence + len(self.parts)
@@ -98,7 +102,7 @@ class LiveStep:
             self.session_id,
             self.message_id,
             self.revision,
-            format_id("turn", self.turn_id),
+            self.turn_ref,
             dict(part),
         )
 
@@ -114,13 +118,13 @@ class LiveStep:
             self.session_id,
             self.message_id,
             self.revision,
-            format_id("turn", self.turn_id),
+            self.turn_ref,
             part_id,
             offset,
             text,
             event_type,
-            format_id("event", uuid7()),
-            wire.event_ts(utcnow()),
+            event_id(),
+            wire.event_now(),
             tool_call_id,
         )
 
