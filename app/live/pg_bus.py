@@ -9,7 +9,7 @@ channel when that connection opens; each counts the other holders every
 `ALONE_CHECK_SECONDS`. While none holds it, checkpoints commit without NOTIFY (NOTIFY
 takes a database-wide lock at commit: the `notify` row of the benchmark measures what
 that costs writers) and live items stay in the process. Any payload of another process
-(a hello first) ends that at once. A process that starts after others may have missed
+(a hello first) ends that at once. A process that starts beside others may have missed
 what they committed between its hello and their hearing it: its streams re-read from
 their cursors `HELLO_RESYNC_SECONDS` after the hello.
 """
@@ -98,8 +98,7 @@ class PgBus(Bus):
         return self._origin + encoded[1:].decode()
 
     async def start(self) -> None:
-        await self._connect()
-        await self._count_others()
+        await self._listen()
         self._supervisor = asyncio.create_task(
             self._supervise(), name="pg-bus-supervisor"
         )
@@ -114,14 +113,20 @@ class PgBus(Bus):
         listener.add_termination_listener(self._on_terminated)
         self._listener = listener
         self.on_listening(True)
-        # Others that thought themselves alone NOTIFY from the moment they hear this;
-        # what they committed before that, this process's streams read again.
         await listener.execute(
             "SELECT pg_notify($1, $2)", CHANNEL, self._origin + HELLO
         )
-        asyncio.get_running_loop().call_later(
-            HELLO_RESYNC_SECONDS, lambda: self.sink(Resync())
-        )
+
+    async def _listen(self) -> None:
+        """Listen and say hello. Another process that thought itself alone NOTIFYs
+        from the moment it hears the hello; what it committed before that, this
+        process's streams read again a moment later."""
+        await self._connect()
+        await self._count_others()
+        if not self.alone:
+            asyncio.get_running_loop().call_later(
+                HELLO_RESYNC_SECONDS, lambda: self.sink(Resync())
+            )
 
     async def _count_others(self) -> None:
         """Whether another process listens on this database (see above)."""
@@ -193,7 +198,7 @@ class PgBus(Bus):
                 continue
             self.on_listening(False)
             try:
-                await self._connect()
+                await self._listen()
             except Exception as exc:
                 # Whatever the failure, try again: a supervisor that dies leaves this
                 # process deaf to the bus until it restarts.
