@@ -2,12 +2,14 @@
 carry their live traffic over a nats-server of the test's own (Debian's `nats-server`;
 CI installs it and sets REQUIRE_NATS). A turn run by A streams to a client of B
 without a NOTIFY in the database; NATS lost mid-turn loses nothing committed, and the
-processes reconnect by themselves; an unreachable BUS_URL is a one-line refusal."""
+processes reconnect by themselves; an unreachable BUS_URL is a one-line refusal. A
+process hears the tokens of the sessions it streams only, and every wake-up once."""
 
 import asyncio
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import httpx
@@ -15,12 +17,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
+from app.db.outbox import Outbox
+from app.live.items import BusItem, TextDelta, Wakeup
+from app.live.nats_bus import NatsBus
 from app.settings import Settings
 from tests.support.api import create_session, list_events, post_message, text_of
 from tests.support.nats import Nats
 from tests.support.notify import notifications
 from tests.support.servers import free_port, server_process
 from tests.support.sse import Frame, SSEReader
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.postgres_only
 
@@ -229,3 +235,68 @@ def test_a_bus_url_is_refused_where_it_cannot_apply() -> None:
         Settings(
             database_url="postgresql+asyncpg://h/db", bus_url="redis://127.0.0.1:6379"
         )
+
+
+async def test_a_watch_hears_a_sessions_wake_ups_once_and_each_after_it_ends(
+    nats_server: Nats,
+) -> None:
+    """Two buses on one NATS server, in this process. While B watches a session it
+    hears the session's deltas and each wake-up once (from the session's subject, not
+    again from the committed copy); after it stops watching, no deltas, and every
+    wake-up still, once. A session it never watched: wake-ups only."""
+    sender, watcher = NatsBus(nats_server.url), NatsBus(nats_server.url)
+    heard: list[BusItem] = []
+    watcher.sink = heard.append
+    watched, other = uuid.uuid4(), uuid.uuid4()
+
+    def delta(session: uuid.UUID, offset: int) -> TextDelta:
+        return TextDelta(
+            session, session, 1, None, "part", offset, "x", "delta", "event_x", "ts"
+        )
+
+    def commit(session: uuid.UUID, sequence: int) -> None:
+        outbox = Outbox()
+        outbox.wake(session, sequence)
+        sender.after_commit(outbox)
+
+    def wakeups(session: uuid.UUID) -> list[int]:
+        return [
+            i.sequence for i in heard if type(i) is Wakeup and i.session_id == session
+        ]
+
+    def deltas(session: uuid.UUID) -> int:
+        return sum(type(i) is TextDelta and i.session_id == session for i in heard)
+
+    await sender.start()
+    await watcher.start()
+    try:
+        watcher.watch(watched)
+        await wait_until(lambda: watched in watcher._confirmed, "the watch confirmed")
+        for sequence in (1, 2, 3):
+            sender.publish(delta(watched, sequence))
+            sender.publish(delta(other, sequence))
+            commit(watched, sequence)
+            commit(other, sequence)
+        await wait_until(
+            lambda: len(wakeups(other)) == 3, "three wake-ups of the other"
+        )
+        await wait_until(lambda: len(wakeups(watched)) == 3, "three wake-ups")
+        await asyncio.sleep(0.2)
+        assert wakeups(watched) == [1, 2, 3]
+        assert deltas(watched) >= 1
+        assert wakeups(other) == [1, 2, 3]
+        assert deltas(other) == 0
+
+        watcher.unwatch(watched)
+        await wait_until(lambda: watched not in watcher._confirmed, "the watch ended")
+        before = deltas(watched)
+        for sequence in (4, 5):
+            sender.publish(delta(watched, sequence))
+            commit(watched, sequence)
+        await wait_until(lambda: len(wakeups(watched)) == 5, "two more wake-ups")
+        await asyncio.sleep(0.2)
+        assert wakeups(watched) == [1, 2, 3, 4, 5]
+        assert deltas(watched) == before
+    finally:
+        await watcher.stop()
+        await sender.stop()

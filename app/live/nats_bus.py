@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,9 +79,13 @@ def committed_subject(session_id: uuid.UUID) -> str:
 
 @dataclass(eq=False)
 class Watch:
-    """A session this process watches: its live subject's subscription, once made."""
+    """A session this process watches: its live subject's subscription, once made, and
+    while it delivers the session's wake-ups, the newest one it delivered and the newest
+    committed copy skipped for it (see `_leave`)."""
 
     sub: Subscription | None = None
+    delivered: int = 0
+    skipped: int = 0
 
 
 class NatsBus(Bus):
@@ -99,7 +104,8 @@ class NatsBus(Bus):
         # Subscriptions to the live subject of the sessions this process watches, and
         # the sessions whose subscription is confirmed (their wake-ups come from it).
         self._watched: dict[uuid.UUID, Watch] = {}
-        self._confirmed: set[uuid.UUID] = set()
+        self._confirmed: dict[uuid.UUID, Watch] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         # Until the first connection: failures are said once, in the refusal.
         self._connected_once = False
 
@@ -236,16 +242,19 @@ class NatsBus(Bus):
         if session_id in self._watched:
             return
         watch = self._watched[session_id] = Watch()
-        asyncio.get_running_loop().create_task(self._subscribe(session_id, watch))
+        self._spawn(self._subscribe(session_id, watch))
 
     def unwatch(self, session_id: uuid.UUID) -> None:
-        # Its wake-ups come from the committed copy again at once; live items still
-        # in flight on the session's subject are dropped (nobody here streams it).
-        self._confirmed.discard(session_id)
+        # Live items still in flight on the session's subject are dropped (nobody here
+        # streams it); a subscription still being made is undone by its own task.
         watch = self._watched.pop(session_id, None)
         if watch is not None and watch.sub is not None:
-            asyncio.get_running_loop().create_task(self._unsubscribe(watch.sub))
-        # (A subscription still being made is undone by its own task.)
+            self._spawn(self._leave(session_id, watch))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _subscribe(self, session_id: uuid.UUID, watch: Watch) -> None:
         nc = self._nc
@@ -267,29 +276,51 @@ class NatsBus(Bus):
             log.warning("NATS bus: cannot subscribe to a session: %s", exc)
             return
         if self._watched.get(session_id) is watch:
-            self._confirmed.add(session_id)
+            self._confirmed[session_id] = watch
 
-    async def _unsubscribe(self, sub: Subscription) -> None:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+    async def _leave(self, session_id: uuid.UUID, watch: Watch) -> None:
+        """Stop hearing the session's subject. Its wake-ups keep coming from it until
+        the server has dropped the subscription (a flush); a wake-up sent after that
+        reaches this process only as a committed copy, which may have arrived, and been
+        skipped, before the flush: the newest such one is delivered then."""
+        assert watch.sub is not None
+        try:
+            await watch.sub.unsubscribe()
+            if self._nc is not None:
+                await self._nc.flush()
+        except Exception as exc:
+            log.warning("NATS bus: cannot unsubscribe from a session: %s", exc)
+        finally:
+            if self._confirmed.get(session_id) is watch:
+                del self._confirmed[session_id]
+                if watch.skipped > watch.delivered:
+                    self.sink(Wakeup(session_id, watch.skipped, False, None))
 
     # ---- receiving ----------------------------------------------------------------
 
     async def _on_message(self, msg: Msg) -> None:
         """The committed copies and the items of no session: a wake-up of a session
-        whose own subject is confirmed here came on it already."""
+        whose own subject delivers its wake-ups here comes on that subject."""
         confirmed = self._confirmed
         for item in _items(msg):
-            if not (type(item) is Wakeup and item.session_id in confirmed):
-                self.sink(item)
+            if type(item) is Wakeup:
+                watch = confirmed.get(item.session_id)
+                if watch is not None:
+                    watch.skipped = max(watch.skipped, item.sequence)
+                    continue
+            self.sink(item)
 
     async def _on_live(self, msg: Msg) -> None:
         """A watched session's subject: its live items, and its wake-ups once the
         subscription is confirmed (until then they come from the committed copy)."""
         confirmed = self._confirmed
         for item in _items(msg):
-            if type(item) is not Wakeup or item.session_id in confirmed:
-                self.sink(item)
+            if type(item) is Wakeup:
+                watch = confirmed.get(item.session_id)
+                if watch is None:
+                    continue
+                watch.delivered = max(watch.delivered, item.sequence)
+            self.sink(item)
 
     @property
     def healthy(self) -> bool:
