@@ -14,19 +14,14 @@ from app.settings import Settings
 from tests.support.api import create_session, post_message, text_of
 from tests.support.notify import notifications
 from tests.support.servers import server_process
-from tests.support.sse import Frame, SSEReader
+from tests.support.sse import Frame, SSEReader, agent_done as agent_message_done
 from tests.support.waits import wait_idle
 
 pytestmark = pytest.mark.postgres_only
 
 
 def agent_done(frames: list[Frame]) -> bool:
-    return any(
-        f.event == "message"
-        and f.json()["message"]["role"] == "agent"
-        and f.json()["message"]["state"] == "done"
-        for f in frames
-    )
+    return any(map(agent_message_done, frames))
 
 
 def not_hello(heard: list[str]) -> list[str]:

@@ -245,6 +245,23 @@ def decode(data: dict[str, Any]) -> BusItem:
     return Resync()
 
 
+def decode_payload(payload: str | bytes) -> list[BusItem] | None:
+    """The items of one payload of either cross-process bus (an item, or `{"items":
+    [...]}`); None for one that is malformed."""
+    try:
+        data: dict[str, Any] = orjson.loads(payload)
+        batch = data.get("items")
+        return [decode(data)] if batch is None else [decode(i) for i in batch]
+    except (
+        orjson.JSONDecodeError,
+        AttributeError,
+        KeyError,
+        TypeError,
+        ValueError,
+    ):
+        return None
+
+
 def split_payload(item: BusItem) -> list[bytes]:
     """Encode an item for NOTIFY; a delta too large for one payload is split into
     several deltas whose offsets continue one another."""

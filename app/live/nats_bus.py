@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import nats
-import orjson
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -49,7 +48,7 @@ from app.db.outbox import Outbox
 from app.live.bus import (
     Bus,
     committed_items,
-    decode,
+    decode_payload,
     enqueue,
     packed,
 )
@@ -328,16 +327,8 @@ class NatsBus(Bus):
 
 
 def _items(msg: Msg) -> list[BusItem]:
-    try:
-        data: dict[str, Any] = orjson.loads(msg.data)
-        batch = data.get("items")
-        return [decode(data)] if batch is None else [decode(i) for i in batch]
-    except (
-        orjson.JSONDecodeError,
-        AttributeError,
-        KeyError,
-        TypeError,
-        ValueError,
-    ):
+    items = decode_payload(msg.data)
+    if items is None:
         log.warning("dropping malformed bus message on %s", msg.subject)
         return []
+    return items

@@ -32,7 +32,7 @@ from app.live.bus import (
     COALESCE_SECONDS,
     Bus,
     committed_items,
-    decode,
+    decode_payload,
     encode,
     enqueue,
     packed,
@@ -169,17 +169,8 @@ class PgBus(Bus):
             self._set_alone(False)
         if payload.endswith(HELLO):
             return
-        try:
-            data = orjson.loads(payload)
-            batch = data.get("items")
-            items = [decode(data)] if batch is None else [decode(i) for i in batch]
-        except (
-            orjson.JSONDecodeError,
-            AttributeError,
-            KeyError,
-            TypeError,
-            ValueError,
-        ):
+        items = decode_payload(payload)
+        if items is None:
             log.warning("dropping malformed bus payload")
             return
         for item in items:
