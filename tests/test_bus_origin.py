@@ -141,7 +141,7 @@ async def test_a_commit_wakes_its_own_process_at_commit_and_the_other_once(
     assert await heard_by(first, Wakeup, 2) == [Wakeup(session_id, 7, False)]
     # And the other way round: each process hears the other's.
     async with second.database.write() as db:
-        db.outbox.wake(session_id, 8, input_only=True)
+        db.outbox.wake(session_id, 8, quiet=True)
     assert await heard_by(first, Wakeup, 2) == [
         Wakeup(session_id, 7, False),
         Wakeup(session_id, 8, True),

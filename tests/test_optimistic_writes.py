@@ -279,9 +279,9 @@ def test_heads_are_bounded_and_keep_the_newest() -> None:
     assert again.last_sequence == 1
 
 
-def test_wakeups_say_whether_they_only_carry_input() -> None:
+def test_wakeups_say_whether_they_are_quiet() -> None:
     sid = uuid.uuid4()
-    for item in (Wakeup(sid, 7), Wakeup(sid, 8, input_only=True)):
+    for item in (Wakeup(sid, 7), Wakeup(sid, 8, quiet=True)):
         assert decode(encode(item)) == item
 
 

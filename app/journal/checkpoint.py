@@ -94,7 +94,7 @@ async def commit(
     inserted: bool = False,
     started: bool = False,
     finished: bool = False,
-    input_only: bool = False,
+    quiet: bool = False,
 ) -> Checkpoint:
     """Number the events after the session's last sequence and write the checkpoint.
     The message, if any, is already rendered."""
@@ -112,9 +112,8 @@ async def commit(
         started=started,
         finished=finished,
     )
-    db.outbox.wake(
-        session.id, session.last_sequence, input_only=input_only, first=first
-    )
+    db.outbox.wake(session.id, session.last_sequence, quiet=quiet, first=first)
+    db.outbox.wrote(session.id, events, message)
     return Checkpoint(message=message, events=events)
 
 
@@ -203,7 +202,7 @@ async def append_user_message(
         specs,
         inserted=True,
         started=starting,
-        input_only=True,
+        quiet=True,
     )
     return checkpoint, turn_id
 

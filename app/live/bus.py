@@ -61,7 +61,7 @@ def committed_items(outbox: Outbox) -> list[BusItem]:
     """What every process hears of a committed transaction: its wake-ups, deletions and
     key changes (its kicks are for the local runner only)."""
     items: list[BusItem] = [
-        Wakeup(s, q, s in outbox.input_only, outbox.firsts.get(s))
+        Wakeup(s, q, s in outbox.quiet, outbox.firsts.get(s), outbox.written(s))
         for s, q in outbox.wakeups.items()
     ]
     items += [Deleted(s) for s in outbox.deleted]
@@ -139,7 +139,7 @@ def encode(item: BusItem) -> dict[str, Any]:
             "s": item.session_id.hex,
             "q": item.sequence,
         }
-        if item.input_only:
+        if item.quiet:
             wakeup["i"] = 1
         if item.first is not None:
             wakeup["f"] = item.first

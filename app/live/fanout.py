@@ -44,7 +44,7 @@ from app.live.outputs import (
     PartOut,
     WarningOut,
 )
-from app.live.replay import read_checkpoints
+from app.live.replay import checkpoint_outs
 from app.live.subscription import Subscription
 from app.live.writer import StreamWriter
 from app.telemetry import logs
@@ -425,9 +425,17 @@ class Fanout:
             channel.last = min([woke - 1, *started])
         if upto <= channel.last:
             return []
-        channel.last, items = await read_checkpoints(
-            self.reads,
+        if wakeup.rows is not None and wakeup.first == channel.last + 1:
+            # This process wrote them, and they follow what the channel has: as
+            # written is as stored.
+            rows = wakeup.rows
+        else:
+            rows = await self.reads.checkpoints(
+                channel.session_id, after=channel.last, upto=upto
+            )
+        channel.last, items = checkpoint_outs(
             channel.session_id,
+            rows,
             after=channel.last,
             upto=upto,
             retry_ms=self.retry_ms,

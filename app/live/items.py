@@ -2,8 +2,10 @@
 knows their encoding (`app.live.bus`); everything else works with these classes."""
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from app.db.reads import Checkpoints
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,12 +15,16 @@ class Wakeup:
 
     session_id: uuid.UUID
     sequence: int
-    # Those checkpoints only added user messages: nothing a running step reacts to (a
-    # cancel request, an Action on its message, a decision), so its runner need not
-    # look (the next step reads the input).
-    input_only: bool = False
+    # Those checkpoints hold nothing a running step reacts to (a cancel request, an
+    # Action on its message, a decision): they only added user messages (the next step
+    # reads them) or were written by the turn's own runner. Its runner need not look.
+    quiet: bool = False
     # The first sequence those checkpoints committed (None: not known, or none new).
     first: int | None = None
+    # What they wrote, when they wrote every sequence from `first` on: this process's
+    # own commits carry it, and its fan-out need not read it back. Not sent to other
+    # processes (they read).
+    rows: Checkpoints | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

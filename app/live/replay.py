@@ -1,28 +1,27 @@
-"""The stream-side reads of the durable log: what committed in a range of sequences,
-read once for every subscriber of a channel, and the order in which the streams send
-a checkpoint's events, snapshots and Mutations."""
+"""The stream side of the durable log: the frames of what committed in a range of
+sequences (read once for every subscriber of a channel, or as this process wrote it),
+and the order in which the streams send a checkpoint's events, snapshots and
+Mutations."""
 
 import uuid
 from typing import Any, TypeVar
 
 from app.db import models
-from app.db.reads import Reads
+from app.db.reads import Checkpoints
 from app.live import frames
 from app.live.outputs import EventMutationOut, EventOut, MessageOut, Out
 
 
-async def read_checkpoints(
-    reads: Reads,
+def checkpoint_outs(
     session_id: uuid.UUID,
+    read: Checkpoints,
     *,
     after: int,
     upto: int,
     retry_ms: int,
 ) -> tuple[int, list[Out]]:
-    """What committed in (after, upto], in the order the streams send it, and the
-    sequence read up to. One statement, no ORM: it reads rows that committed before
-    the wake-up that asked for them."""
-    read = await reads.checkpoints(session_id, after=after, upto=upto)
+    """The frames of what committed in (after, upto], in the order the streams send
+    them, and the sequence they reach."""
     last = max(after, read.events[-1].sequence if read.events else upto)
     changes: list[tuple[int, int, Out]] = []
     for event in read.events:

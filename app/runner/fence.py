@@ -74,6 +74,10 @@ class Fence:
         # The runner epoch this process claimed for each session it runs, once the
         # claim has committed (see `checkpoint`).
         self.epochs: dict[uuid.UUID, int] = {}
+        # Whether each session's last checkpoint here left it a turn to run (as
+        # `queries.active_turn` would find it): after a turn that ended with none, its
+        # runner need not read the session again before letting it go.
+        self.runnable: dict[uuid.UUID, bool] = {}
 
     async def owned(self, session_id: uuid.UUID) -> None:
         """Return once this process holds the session's lease: at once while it does;
@@ -175,7 +179,13 @@ class Fence:
                     if claimed is None:
                         session.runner_epoch += 1
                     written = await write(db, session)
+                    # Its wake-up need not make the turn's own step look (it would
+                    # read the session back at every step for nothing).
+                    db.outbox.hush(session_id)
                 self.epochs[session_id] = session.runner_epoch
+                self.runnable[session_id] = session.active_turn_id is not None and (
+                    session.status != queries.WAITING or session.cancel_requested
+                )
                 return written
             except (TurnCancelled, LeaseLost):
                 raise

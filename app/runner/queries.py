@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, Row, bindparam, func, insert, or_, select
+from sqlalchemy import Integer, Row, bindparam, exists, func, insert, or_, select
 
 from app.db import models
 from app.db.admission import Units
@@ -29,6 +29,11 @@ _ACTIVE_TURN = select(
     models.Session.attributes,
     models.Session.status,
     models.Session.cancel_requested_at,
+    exists().where(
+        models.Message.session_id == models.Session.id,
+        models.Message.turn_id == models.Session.active_turn_id,
+        models.Message.state == "streaming",
+    ),
 ).where(models.Session.id == bindparam("session_id"))
 _ATTRIBUTES = select(models.Session.attributes).where(
     models.Session.id == bindparam("session_id")
@@ -50,21 +55,29 @@ _NEWEST_MESSAGES = (
 )
 
 
-async def active_turn(
-    database: Units, session_id: uuid.UUID
-) -> tuple[uuid.UUID | None, int]:
-    """The session's running turn, and its step cap. A turn waiting for client tool
-    results has no runner until they arrive (or a cancel is requested)."""
+@dataclass(frozen=True, slots=True)
+class ActiveTurn:
+    """The session's turn to run (None: none), its step cap, and whether its agent
+    message is open: a runner before this one left it unfinished, to be resumed."""
+
+    turn_id: uuid.UUID | None
+    max_iterations: int = DEFAULT_MAX_ITERATIONS
+    resumed: bool = False
+
+
+async def active_turn(database: Units, session_id: uuid.UUID) -> ActiveTurn:
+    """The session's running turn. A turn waiting for client tool results has no
+    runner until they arrive (or a cancel is requested)."""
     async with database.statements() as conn:
         row = (
             await conn.execute(_ACTIVE_TURN, {"session_id": session_id})
         ).one_or_none()
     if row is None:
-        return None, DEFAULT_MAX_ITERATIONS
-    cap = row.attributes.get("max_iterations") or DEFAULT_MAX_ITERATIONS
+        return ActiveTurn(None)
+    cap = int(row.attributes.get("max_iterations") or DEFAULT_MAX_ITERATIONS)
     if row.status == WAITING and row.cancel_requested_at is None:
-        return None, int(cap)
-    return row.active_turn_id, int(cap)
+        return ActiveTurn(None, cap)
+    return ActiveTurn(row.active_turn_id, cap, bool(row[4]))
 
 
 async def session_tools(

@@ -30,6 +30,7 @@ from app.runner import outcomes, queries, recovery
 from app.runner.fence import Fence, LeaseLost
 from app.runner.history import History
 from app.runner.progress import LiveStep
+from app.runner.queries import ActiveTurn
 from app.runner.runtime import Runtime
 from app.runner.streaming import republish
 from app.runner.turn import run_turn
@@ -153,9 +154,7 @@ class TurnRunner:
         if isinstance(item, Kick):
             self.kick(item.session_id)
         elif isinstance(item, Wakeup):
-            watch = (
-                None if item.input_only else self.runtime.watches.get(item.session_id)
-            )
+            watch = None if item.quiet else self.runtime.watches.get(item.session_id)
             if watch is not None:
                 watch.set()
         elif isinstance(item, RepublishParts):
@@ -209,6 +208,7 @@ class TurnRunner:
                 self.rekick.discard(session_id)
             finally:
                 self.runtime.fence.epochs.pop(session_id, None)
+                self.runtime.fence.runnable.pop(session_id, None)
                 await self.leases.release(session_id)
         except asyncio.CancelledError:
             raise
@@ -252,21 +252,20 @@ class TurnRunner:
             await asyncio.sleep(0.1)
         return False
 
-    async def _run_turn(
-        self, session_id: uuid.UUID, turn_id: uuid.UUID, max_iterations: int
-    ) -> str:
+    async def _run_turn(self, session_id: uuid.UUID, active: ActiveTurn) -> str:
         """One turn; if even its ending failed, it is abandoned (ended `failed` without
         what it held in memory) rather than left active with no runner, which a retry
         would only fail the same way."""
+        assert active.turn_id is not None
         try:
-            return await run_turn(self.runtime, session_id, turn_id, max_iterations)
+            return await run_turn(self.runtime, session_id, active)
         except Exception as exc:
             if isinstance(exc, LeaseLost) or is_transient_db_error(exc):
                 # Not this turn's fault: another runner or start-up recovery takes it.
                 raise
-            log.exception("turn %s could not be ended; abandoning it", turn_id)
+            log.exception("turn %s could not be ended; abandoning it", active.turn_id)
             await outcomes.abandon(
-                self.runtime, session_id, turn_id, type(exc).__name__
+                self.runtime, session_id, active.turn_id, type(exc).__name__
             )
             return "abandoned"
 
@@ -274,9 +273,8 @@ class TurnRunner:
         """The session's turns, one after another, while it has one to run."""
         while True:
             self.rekick.discard(session_id)
-            turn_id, max_iterations = await queries.active_turn(
-                self.runtime.database, session_id
-            )
+            active = await queries.active_turn(self.runtime.database, session_id)
+            turn_id = active.turn_id
             if turn_id is None:
                 return
             started = time.monotonic()
@@ -288,8 +286,13 @@ class TurnRunner:
                 },
                 parent=self.origins.pop(session_id, None),
             ) as turn_span:
-                outcome = await self._run_turn(session_id, turn_id, max_iterations)
+                outcome = await self._run_turn(session_id, active)
                 if turn_span is not None:
                     turn_span.set_attribute("evermirror.turn.outcome", outcome)
             if self.metrics is not None:
                 self.metrics.turns.observe((outcome,), time.monotonic() - started)
+            if not self.runtime.fence.runnable.pop(session_id, True):
+                # Its last checkpoint left the session no turn to run. One started
+                # since is kicked: here (`rekick`), or elsewhere, where its runner
+                # waits for this lease.
+                return

@@ -159,7 +159,7 @@ async def _await_decision(
             raise TurnCancelled
         if await rt.fence.retrying(status) != lifecycle.AWAITING_APPROVAL:
             return
-        # Every checkpoint of the session wakes `watch` (the decision's too, on any
-        # process); the timeout is a fallback.
+        # Every checkpoint of the session but the runner's own wakes `watch` (the
+        # decision's too, on any process); the timeout is a fallback.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(watch.wait(), 1.0)

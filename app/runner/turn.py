@@ -18,6 +18,7 @@ from app.runner.drivers.base import ModelError, ToolCall, Turn
 from app.runner.fence import LeaseLost, TurnCancelled, WriteUnit
 from app.runner.history import Context
 from app.runner.progress import LiveStep, TurnProgress
+from app.runner.queries import ActiveTurn
 from app.runner.runtime import Runtime
 from app.runner.streaming import stream_step
 from app.runner.tools import client_request_write, run_approved, run_tool
@@ -27,20 +28,20 @@ from app.tools.schemas import is_client_side, needs_approval
 log = logging.getLogger("app.runner")
 
 
-async def run_turn(
-    rt: Runtime, session_id: uuid.UUID, turn_id: uuid.UUID, max_iterations: int
-) -> str:
+async def run_turn(rt: Runtime, session_id: uuid.UUID, active: ActiveTurn) -> str:
     """Step the model until a step answers without tool calls and no input arrived
     that it did not see, or until `max_iterations` steps. The runner holds the
     streaming message between checkpoints: it is its only writer while the turn
     runs (each checkpoint is fenced, see `Fence.checkpoint`, and the message update
     checks the revision). Returns how it ended: completed, waiting, cancelled,
     failed, or (when it stopped here unfinished) interrupted or taken over."""
+    turn_id = active.turn_id
+    assert turn_id is not None
     logs.TURN_ID.set(format_id("turn", turn_id))
     watch = rt.watches[session_id] = asyncio.Event()
     run = TurnRun(rt, TurnProgress(session_id, turn_id, time.monotonic()), watch)
     try:
-        run.outcome = await run.steps(max_iterations)
+        run.outcome = await run.steps(active.max_iterations, active.resumed)
     except TurnCancelled:
         run.outcome = "cancelled"
         await run.end(*outcomes.cancelled(run.turn))
@@ -82,9 +83,10 @@ class TurnRun:
         # How the turn ended here, for its log line (left to recovery unless set).
         self.outcome = "interrupted"
 
-    async def steps(self, max_iterations: int) -> str:
+    async def steps(self, max_iterations: int, resumed: bool) -> str:
         turn = self.turn
-        await self.resume()
+        if resumed:
+            await self.resume()
         if turn.message is not None and turn.iteration >= max_iterations:
             # Resumed at the step cap (client results arrived for its last step, or
             # its runner stopped between the cap's tools and its close). Input its
