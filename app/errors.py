@@ -256,12 +256,16 @@ def _describe(errors: list[dict[str, Any]]) -> str:
 
 async def _app_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, AppError)
+    return app_error_response(exc, request.url.path)
+
+
+def app_error_response(exc: AppError, path: str | None) -> Response:
     return problem_response(
         exc.status,
         detail=exc.detail,
         code=exc.code,
         title=exc.title,
-        instance=request.url.path,
+        instance=path,
         retry_after_seconds=exc.retry_after_seconds,
         # RFC 9110: a 401 names the scheme the client should use.
         headers={"WWW-Authenticate": "Bearer"} if exc.status == 401 else None,
@@ -496,8 +500,11 @@ def log_failure(request_id: str, scope: Scope, exc: Exception) -> None:
 
 
 def failure_response(request_id: str, scope: Scope, exc: Exception) -> Response:
-    """Log an exception that escaped a request and answer it: 503 with Retry-After for
-    a database that is unavailable, else a generic 500."""
+    """Answer an exception that escaped a request: an AppError as its problem; else
+    log it and answer 503 with Retry-After for a database that is unavailable, or a
+    generic 500."""
+    if isinstance(exc, AppError):
+        return app_error_response(exc, scope.get("path"))
     log_failure(request_id, scope, exc)
     if is_transient_db_error(exc):
         return problem_response(

@@ -66,6 +66,40 @@ async def test_a_wait_answers_with_the_finished_turn(api: httpx.AsyncClient) -> 
     assert (await wait_idle(api, sid))["status"] == "idle"
 
 
+async def test_hot_and_routed_waits_answer_alike(api: httpx.AsyncClient) -> None:
+    """`?wait=true` is answered in front of FastAPI; with a parameter the hot path does
+    not know (FastAPI ignores it) by the route. Same statuses, headers and shapes, for
+    an ended turn and for a timeout."""
+    sid = await create_session(api)
+    hot = await post_wait(api, sid, "first")
+    routed = await post_wait(api, sid, "second", other="1")
+    assert hot.status_code == routed.status_code == 200, (hot.text, routed.text)
+    assert hot.headers["content-type"] == routed.headers["content-type"]
+    assert hot.headers["x-request-id"] != routed.headers["x-request-id"]
+    first, second = hot.json(), routed.json()
+    assert sorted(first) == sorted(second)
+    assert first["status"] == second["status"] == "completed"
+    assert sorted(first["message"]) == sorted(second["message"])
+    assert [m["role"] for m in first["messages"]] == ["agent"]
+    assert [m["role"] for m in second["messages"]] == ["agent"]
+    assert text_of(first["messages"][0])
+    assert text_of(second["messages"][0])
+    extras: list[dict[str, Any]] = [{}, {"other": "1"}]
+    timeouts = [
+        await post_wait(api, sid, "/scenario long 100000", timeout_ms=100, **extra)
+        for extra in extras
+    ]
+    assert [t.status_code for t in timeouts] == [202, 202]
+    assert [t.json()["status"] for t in timeouts] == ["timeout", "timeout"]
+    # The second joined the first one's running turn.
+    assert [t.json()["message"]["delivery"] for t in timeouts] == [
+        "started",
+        "steered",
+    ]
+    await api.post(f"/v1/sessions/{sid}/cancel")
+    await wait_idle(api, sid)
+
+
 async def test_a_failed_turn_answers_failed_with_its_error(
     api: httpx.AsyncClient,
 ) -> None:

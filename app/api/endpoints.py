@@ -2,14 +2,31 @@
 (app/api/messages.py) and the hot path in front of them (app/api/hot.py) parse the
 request their own way, then call these, so both answer the same bytes."""
 
+import asyncio
 import functools
 import uuid
 
+from starlette.types import Receive
+
+from app import wire
 from app.api import guards
 from app.api.state import AppState
+from app.auth import Caller
 from app.errors import InvalidParameter
+from app.ids import parse_id
+from app.live.wait import (
+    Waiting,
+    completed_body,
+    timeout_body,
+    wait_for_turn,
+    waiting_body,
+)
 from app.messages import schemas, service
 from app.settings import Settings
+
+# `?wait=true`: how long a request may wait for its turn (milliseconds).
+WAIT_DEFAULT_MS = 120_000
+WAIT_MAX_MS = 600_000
 
 
 def page_query(
@@ -85,3 +102,58 @@ async def store_message(
             admission=state.admission,
         )
     )
+
+
+async def wait_answer(
+    state: AppState,
+    caller: Caller,
+    session_id: uuid.UUID,
+    body: bytes,
+    timeout_ms: int | None,
+    receive: Receive,
+) -> tuple[int, bytes]:
+    """The answer of `?wait=true` to a stored message (`body`, its snapshot): its
+    status and body, once its turn ends or waits for the client, or at `timeout_ms`.
+    Ended as soon as the client disconnects (`receive`, the request body read):
+    nobody reads the answer, and the wait's stream slot is freed at once instead of
+    at its timeout."""
+    wait = asyncio.ensure_future(
+        _wait_for_turn(state, caller, session_id, body, timeout_ms)
+    )
+    # The body has been read: the next ASGI message is the disconnect (or the end of
+    # the response, by which time this has returned).
+    gone = asyncio.ensure_future(receive())
+    try:
+        await asyncio.wait((wait, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not wait.done():
+            wait.cancel()
+    if wait.cancelled():
+        return 202, timeout_body(body)
+    return wait.result()
+
+
+async def _wait_for_turn(
+    state: AppState,
+    caller: Caller,
+    session_id: uuid.UUID,
+    body: bytes,
+    timeout_ms: int | None,
+) -> tuple[int, bytes]:
+    turn = wire.loads(body).get("turn_id")
+    ended = None
+    if turn is not None:
+        ended = await wait_for_turn(
+            state.reads,
+            state.fanout,
+            session_id,
+            parse_id("turn", turn),
+            (timeout_ms or WAIT_DEFAULT_MS) / 1000,
+            caller.key_hash,
+        )
+    if ended is None:
+        return 202, timeout_body(body)
+    if isinstance(ended, Waiting):
+        return 202, waiting_body(body, ended)
+    return 200, completed_body(body, ended)

@@ -2,7 +2,8 @@
 machinery (under `/v1` and `/api/v1`): `GET /sessions/{id}/messages`,
 `GET .../messages/{id}`, the two streams, `GET .../sse` and
 `GET .../messages/stream`, whose long-lived connections then hold no per-request
-framework state, and `POST /sessions/{id}/messages` (the write every turn begins with).
+framework state, and `POST /sessions/{id}/messages` (the write every turn begins with,
+and with `?wait=true` the request a chat client holds while the turn runs).
 
 A request is served here only when everything about it is plain: a well-formed id, a
 query of known parameters in canonical form, a caller whose organization is already
@@ -11,7 +12,8 @@ this process cannot find, goes on to FastAPI, which answers it (errors included)
 exactly as the OpenAPI contract says. A POST is served here only when its body is
 valid JSON that the request model accepts and the service stores it; a body the model
 refuses, or a refusal of the service (which writes nothing), goes on to FastAPI with
-the body read here, and FastAPI answers it as it would have. Both paths run the same
+the body read here, and FastAPI answers it as it would have. Once the message is
+stored, its wait's failure (a revoked key) is answered here. Both paths run the same
 service functions, so they answer the same bytes; what this path does itself is what
 the middleware would: an `X-Request-Id` (the caller's, if valid), the rate limit, and
 problem+json for a failure. It sets the request and session ids as the context of log
@@ -24,6 +26,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
@@ -85,6 +88,41 @@ def _query(raw: bytes, settings: Settings) -> PageQuery | None:
             else:
                 return None
     return endpoints.page_query(settings, limit, before, internal)
+
+
+@dataclass(frozen=True, slots=True)
+class PostQuery:
+    """The query of a `POST .../messages` served here: none, or `wait=true` with at
+    most a `timeout_ms`."""
+
+    wait: bool = False
+    timeout_ms: int | None = None
+
+
+NO_QUERY = PostQuery()
+
+
+def _post_query(raw: bytes) -> PostQuery | None:
+    """The POST's query when it is one this path serves, else None."""
+    if not raw:
+        return NO_QUERY
+    wait = False
+    timeout_ms: int | None = None
+    seen: set[bytes] = set()
+    for pair in raw.split(b"&"):
+        key, _, value = pair.partition(b"=")
+        if key in seen:
+            return None
+        seen.add(key)
+        if key == b"wait" and value == b"true":
+            wait = True
+        elif key == b"timeout_ms" and POSITIVE.match(value):
+            timeout_ms = int(value)
+            if timeout_ms > endpoints.WAIT_MAX_MS:
+                return None
+        else:
+            return None
+    return PostQuery(True, timeout_ms) if wait else None
 
 
 def _template(router: APIRouter, endpoint: Callable[..., Any]) -> str:
@@ -223,15 +261,13 @@ class HotRoutes:
         receive: Receive,
         send: Send,
     ) -> Receive | None:
-        """`POST /sessions/{id}/messages` without a query (`?wait=true` is FastAPI's),
-        with a declared JSON body within the size cap."""
+        """`POST /sessions/{id}/messages`, with no query or `?wait=true` (and at
+        most a `timeout_ms`), with a declared JSON body within the size cap."""
         parts = _session_path(scope)
-        if (
-            parts is None
-            or len(parts) != 5
-            or parts[4] != "messages"
-            or scope["query_string"]
-        ):
+        if parts is None or len(parts) != 5 or parts[4] != "messages":
+            return receive
+        query = _post_query(scope["query_string"])
+        if query is None:
             return receive
         authorization = content_type = length = None
         for name, value in scope["headers"]:
@@ -270,18 +306,34 @@ class HotRoutes:
         if body is None:
             return None  # the client went away
         replay = guards.replay(body, receive)
+        session_id = uuid.UUID(hex=parts[3][8:])
+        slot = None
         try:
-            # Parsed as FastAPI parses it (Starlette's `json.loads`): orjson reads
-            # some numbers differently (an integer past 64 bits as a float).
-            data = MessageCreate.model_validate(json.loads(body))
-            endpoints.accept_message(state, data)
-            answer = await endpoints.store_message(
-                state, caller.organization_id, uuid.UUID(hex=parts[3][8:]), data
-            )
-        except (ValueError, ValidationError, AppError):
-            # Refused, and nothing was written: FastAPI's answer is the contract's.
-            return replay
-        await request.send(send, 201, [JSON_HEADER], answer)
+            try:
+                # Parsed as FastAPI parses it (Starlette's `json.loads`): orjson reads
+                # some numbers differently (an integer past 64 bits as a float).
+                data = MessageCreate.model_validate(json.loads(body))
+                endpoints.accept_message(state, data)
+                # A wait is admitted before anything is written.
+                if query.wait:
+                    slot = state.limits.acquire(session_id, "wait")
+                answer = await endpoints.store_message(
+                    state, caller.organization_id, session_id, data
+                )
+            except (ValueError, ValidationError, AppError):
+                # Refused, and nothing was written: FastAPI's answer is the
+                # contract's.
+                return replay
+            status = 201
+            if slot is not None:
+                # Stored: from here on a failure is answered here (problem+json).
+                status, answer = await endpoints.wait_answer(
+                    state, caller, session_id, answer, query.timeout_ms, receive
+                )
+        finally:
+            if slot is not None:
+                slot.release()
+        await request.send(send, status, [JSON_HEADER], answer)
         return None
 
     async def _serve(

@@ -1,36 +1,19 @@
 """Message routes: create (and wait for its turn), list (the seed's pagination) and
 read one snapshot."""
 
-import asyncio
-import uuid
-from collections.abc import Coroutine
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
 from app import wire
 from app.api import endpoints
 from app.api.deps import CallerDep, OrgId, SessionId, StateDep
-from app.api.state import AppState
-from app.auth import Caller
 from app.errors import BODY_PROBLEMS, InvalidParameter, problem_responses
-from app.ids import parse_id, parse_or_400
-from app.live.wait import (
-    Waiting,
-    completed_body,
-    timeout_body,
-    wait_for_turn,
-    waiting_body,
-)
+from app.ids import parse_or_400
 from app.messages import schemas
 from app.schemas import MAX_INT32
 
 router = APIRouter(tags=["messages"])
-
-
-# `?wait=true`: how long a request may wait for its turn (milliseconds).
-WAIT_DEFAULT_MS = 120_000
-WAIT_MAX_MS = 600_000
 
 
 @router.post(
@@ -67,7 +50,7 @@ async def create_message(
             description="With `wait=true`: how long to wait, 1..600000 ms "
             '(default 120000); then `202 {status: "timeout"}`',
             # Documented here; the handler enforces it (400).
-            json_schema_extra={"minimum": 1, "maximum": WAIT_MAX_MS},
+            json_schema_extra={"minimum": 1, "maximum": endpoints.WAIT_MAX_MS},
         ),
     ] = None,
 ) -> Response:
@@ -84,8 +67,10 @@ async def create_message(
     messages}` as soon as the turn waits for the client (`tool_results` or
     `approval`), or `202 {status: "timeout", message}` after `timeout_ms`. Open waits count against the stream limits (`429`); revoking the key
     ends a wait with `401`, and a wait whose client has gone ends at once."""
-    if timeout_ms is not None and not 1 <= timeout_ms <= WAIT_MAX_MS:
-        raise InvalidParameter(f"timeout_ms: must be between 1 and {WAIT_MAX_MS}")
+    if timeout_ms is not None and not 1 <= timeout_ms <= endpoints.WAIT_MAX_MS:
+        raise InvalidParameter(
+            f"timeout_ms: must be between 1 and {endpoints.WAIT_MAX_MS}"
+        )
     endpoints.accept_message(state, data)
     # A wait is admitted before anything is written: a refused one changes nothing.
     slot = state.limits.acquire(session_id, "wait") if wait else None
@@ -96,57 +81,13 @@ async def create_message(
         )
         if slot is None:
             return wire.json_response(body, 201)
-        return await _until_gone(
-            request, _wait_for_turn(state, caller, session_id, body, timeout_ms), body
+        status, answer = await endpoints.wait_answer(
+            state, caller, session_id, body, timeout_ms, request.receive
         )
+        return wire.json_response(answer, status)
     finally:
         if slot is not None:
             slot.release()
-
-
-async def _until_gone(
-    request: Request, waiting: Coroutine[Any, Any, Response], body: bytes
-) -> Response:
-    """`waiting`, ended as soon as the client disconnects: nobody reads the answer, and
-    the wait's stream slot is freed at once instead of at its timeout."""
-    wait = asyncio.ensure_future(waiting)
-    # The body has been read: the next ASGI message is the disconnect (or the end of
-    # the response, by which time this has returned).
-    gone = asyncio.ensure_future(request.receive())
-    try:
-        await asyncio.wait((wait, gone), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not wait.done():
-            wait.cancel()
-    if wait.cancelled():
-        return wire.json_response(timeout_body(body), 202)
-    return wait.result()
-
-
-async def _wait_for_turn(
-    state: AppState,
-    caller: Caller,
-    session_id: uuid.UUID,
-    body: bytes,
-    timeout_ms: int | None,
-) -> Response:
-    turn = wire.loads(body).get("turn_id")
-    ended = None
-    if turn is not None:
-        ended = await wait_for_turn(
-            state.reads,
-            state.fanout,
-            session_id,
-            parse_id("turn", turn),
-            (timeout_ms or WAIT_DEFAULT_MS) / 1000,
-            caller.key_hash,
-        )
-    if ended is None:
-        return wire.json_response(timeout_body(body), 202)
-    if isinstance(ended, Waiting):
-        return wire.json_response(waiting_body(body, ended), 202)
-    return wire.json_response(completed_body(body, ended), 200)
 
 
 @router.get(
