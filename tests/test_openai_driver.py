@@ -123,7 +123,15 @@ async def test_a_reply_streams_and_reports_usage(
 
 
 async def test_usage_accumulates_on_the_session(api: httpx.AsyncClient) -> None:
-    sid = await new_session(api)
+    tools = [
+        {
+            "type": "client_side",
+            "name": "lookup",
+            "description": "Look it up",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    ]
+    sid = await new_session(api, system_prompt=SYSTEM_PROMPT, tools=tools)
     for _ in range(2):
         await post_message(api, sid, nonce("hello"))
         await wait_idle(api, sid)
@@ -133,6 +141,9 @@ async def test_usage_accumulates_on_the_session(api: httpx.AsyncClient) -> None:
         "output_tokens": 20,
         "cache_read_tokens": 40,
     }
+    # Usage is written as one key: the rest of the session stays as it was.
+    assert session["system_prompt"] == SYSTEM_PROMPT
+    assert [t["name"] for t in session["tools"]] == ["lookup"]
     # The second request carried the first exchange, in order.
     messages = (await list_messages(api, sid))["data"]
     assert [m["role"] for m in messages] == ["user", "agent", "user", "agent"]

@@ -1,7 +1,8 @@
 """A commit's wake-up brings its own process the rows it wrote, as the fan-out would
 read them back (`Reads.checkpoints` over the wake-up's range), and the fan-out sends
-those instead of reading them; the turn's runner is not woken by its own checkpoints.
-On both databases, with the app in this process and the scripted model."""
+those instead of reading them; the turn's runner is not woken by its own checkpoints;
+a `?wait=true` reads its turn once. On both databases, with the app in this process
+and the scripted model."""
 
 import asyncio
 import uuid
@@ -129,3 +130,40 @@ async def test_a_runner_is_not_woken_by_its_own_checkpoints(
     # commit, whose wake-up is the runner's own.
     assert any(p["type"] == "tool_call" for m in page for p in m["content"])
     assert watched == []
+
+
+async def test_a_wait_reads_its_turn_once(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `?wait=true` subscribes before its message commits: the turn's end is in the
+    subscription, read once for the answer (a wait for a duplicate reads first)."""
+    state = running.app.state.app
+    outcomes: list[Any] = []
+    outcome = state.reads.turn_outcome
+
+    async def counted(*args: Any) -> Any:
+        outcomes.append(args)
+        return await outcome(*args)
+
+    monkeypatch.setattr(state.reads, "turn_outcome", counted)
+    sid = await create_session(running.client, "one read")
+    url = f"/v1/sessions/{sid}/messages"
+
+    def body(key: str) -> dict[str, Any]:
+        text = {"type": "text", "text": "hi"}
+        return {"client_message_id": key, "message": {"content": [text]}}
+
+    # The hot path's wait, and the route's (a parameter the hot path does not know).
+    for key, params in (("hot", {}), ("routed", {"other": "1"})):
+        outcomes.clear()
+        answer = await running.client.post(
+            url, params={"wait": "true", **params}, json=body(key)
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["status"] == "completed"
+        assert len(outcomes) == 1
+    outcomes.clear()
+    again = await running.client.post(url, params={"wait": "true"}, json=body("hot"))
+    assert again.status_code == 200, again.text
+    assert again.json()["message"]["delivery"] == "duplicate"
+    assert len(outcomes) == 1

@@ -104,56 +104,63 @@ async def store_message(
     )
 
 
-async def wait_answer(
-    state: AppState,
-    caller: Caller,
-    session_id: uuid.UUID,
-    body: bytes,
-    timeout_ms: int | None,
-    receive: Receive,
-) -> tuple[int, bytes]:
-    """The answer of `?wait=true` to a stored message (`body`, its snapshot): its
-    status and body, once its turn ends or waits for the client, or at `timeout_ms`.
-    Ended as soon as the client disconnects (`receive`, the request body read):
-    nobody reads the answer, and the wait's stream slot is freed at once instead of
-    at its timeout."""
-    wait = asyncio.ensure_future(
-        _wait_for_turn(state, caller, session_id, body, timeout_ms)
-    )
-    # The body has been read: the next ASGI message is the disconnect (or the end of
-    # the response, by which time this has returned).
-    gone = asyncio.ensure_future(receive())
-    try:
-        await asyncio.wait((wait, gone), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not wait.done():
-            wait.cancel()
-    if wait.cancelled():
-        return 202, timeout_body(body)
-    return wait.result()
+class Wait:
+    """A `?wait=true`, opened before its message is stored: its stream slot (admitted
+    before anything is written; TooManyRequests otherwise) and its subscription to the
+    session, open before the message commits so that its turn's end is in it. Closed
+    by its opener, whatever happened."""
 
+    def __init__(self, state: AppState, caller: Caller, session_id: uuid.UUID) -> None:
+        self.state = state
+        self.caller = caller
+        self.session_id = session_id
+        self.slot = state.limits.acquire(session_id, "wait")
+        self.sub = state.fanout.subscribe(session_id, caller.key_hash)
 
-async def _wait_for_turn(
-    state: AppState,
-    caller: Caller,
-    session_id: uuid.UUID,
-    body: bytes,
-    timeout_ms: int | None,
-) -> tuple[int, bytes]:
-    turn = wire.loads(body).get("turn_id")
-    ended = None
-    if turn is not None:
-        ended = await wait_for_turn(
-            state.reads,
-            state.fanout,
-            session_id,
-            parse_id("turn", turn),
-            (timeout_ms or WAIT_DEFAULT_MS) / 1000,
-            caller.key_hash,
-        )
-    if ended is None:
-        return 202, timeout_body(body)
-    if isinstance(ended, Waiting):
-        return 202, waiting_body(body, ended)
-    return 200, completed_body(body, ended)
+    def close(self) -> None:
+        self.state.fanout.unsubscribe(self.sub)
+        self.slot.release()
+
+    async def answer(
+        self, body: bytes, timeout_ms: int | None, receive: Receive
+    ) -> tuple[int, bytes]:
+        """The answer to the stored message (`body`, its snapshot): its status and
+        body, once its turn ends or waits for the client, or at `timeout_ms`. Ended as
+        soon as the client disconnects (`receive`, the request body read): nobody
+        reads the answer, and the wait's stream slot is freed at once instead of at
+        its timeout."""
+        wait = asyncio.ensure_future(self._wait(body, timeout_ms))
+        # The body has been read: the next ASGI message is the disconnect (or the end
+        # of the response, by which time this has returned).
+        gone = asyncio.ensure_future(receive())
+        try:
+            await asyncio.wait((wait, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not wait.done():
+                wait.cancel()
+        if wait.cancelled():
+            return 202, timeout_body(body)
+        return wait.result()
+
+    async def _wait(self, body: bytes, timeout_ms: int | None) -> tuple[int, bytes]:
+        stored = wire.loads(body)
+        turn = stored.get("turn_id")
+        ended = None
+        if turn is not None:
+            ended = await wait_for_turn(
+                self.state.reads,
+                self.state.fanout,
+                self.session_id,
+                parse_id("turn", turn),
+                (timeout_ms or WAIT_DEFAULT_MS) / 1000,
+                self.caller.key_hash,
+                # A message stored before (a duplicate) may have a turn that ended
+                # before the subscription opened: read first.
+                None if stored.get("delivery") == "duplicate" else self.sub,
+            )
+        if ended is None:
+            return 202, timeout_body(body)
+        if isinstance(ended, Waiting):
+            return 202, waiting_body(body, ended)
+        return 200, completed_body(body, ended)

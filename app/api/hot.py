@@ -307,7 +307,7 @@ class HotRoutes:
             return None  # the client went away
         replay = guards.replay(body, receive)
         session_id = uuid.UUID(hex=parts[3][8:])
-        slot = None
+        waiting = None
         try:
             try:
                 # Parsed as FastAPI parses it (Starlette's `json.loads`): orjson reads
@@ -316,7 +316,7 @@ class HotRoutes:
                 endpoints.accept_message(state, data)
                 # A wait is admitted before anything is written.
                 if query.wait:
-                    slot = state.limits.acquire(session_id, "wait")
+                    waiting = endpoints.Wait(state, caller, session_id)
                 answer = await endpoints.store_message(
                     state, caller.organization_id, session_id, data
                 )
@@ -325,14 +325,12 @@ class HotRoutes:
                 # contract's.
                 return replay
             status = 201
-            if slot is not None:
+            if waiting is not None:
                 # Stored: from here on a failure is answered here (problem+json).
-                status, answer = await endpoints.wait_answer(
-                    state, caller, session_id, answer, query.timeout_ms, receive
-                )
+                status, answer = await waiting.answer(answer, query.timeout_ms, receive)
         finally:
-            if slot is not None:
-                slot.release()
+            if waiting is not None:
+                waiting.close()
         await request.send(send, status, [JSON_HEADER], answer)
         return None
 

@@ -73,21 +73,19 @@ async def create_message(
         )
     endpoints.accept_message(state, data)
     # A wait is admitted before anything is written: a refused one changes nothing.
-    slot = state.limits.acquire(session_id, "wait") if wait else None
+    waiting = endpoints.Wait(state, caller, session_id) if wait else None
     try:
         # The unit of work commits here, before any wait: the turn must see it.
         body = await endpoints.store_message(
             state, caller.organization_id, session_id, data
         )
-        if slot is None:
+        if waiting is None:
             return wire.json_response(body, 201)
-        status, answer = await endpoints.wait_answer(
-            state, caller, session_id, body, timeout_ms, request.receive
-        )
+        status, answer = await waiting.answer(body, timeout_ms, request.receive)
         return wire.json_response(answer, status)
     finally:
-        if slot is not None:
-            slot.release()
+        if waiting is not None:
+            waiting.close()
 
 
 @router.get(

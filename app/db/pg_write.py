@@ -41,6 +41,11 @@ if TYPE_CHECKING:
 class PgWrite(Write):
     _statements: ClassVar[dict[str, Statement]] = {}
 
+    SET_USAGE = (
+        "UPDATE sessions SET attributes = jsonb_set("
+        "COALESCE(attributes, '{}'), '{usage}', :usage) WHERE id = :session_id"
+    )
+
     def __init__(
         self,
         engine: AsyncEngine,

@@ -49,6 +49,11 @@ class SqliteWrite(Write):
 
     _statements: ClassVar[dict[str, Statement]] = {}
 
+    SET_USAGE = (
+        "UPDATE sessions SET attributes = json_set("
+        "COALESCE(attributes, '{}'), '$.usage', json(:usage)) WHERE id = :session_id"
+    )
+
     def _statement(self, sql: str) -> Statement:
         statement = self._statements.get(sql)
         if statement is None:

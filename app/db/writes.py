@@ -28,8 +28,9 @@ import abc
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
+import orjson
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db.outbox import Outbox
@@ -143,6 +144,15 @@ class Write(abc.ABC):
             client_message_id=client_message_id,
         )
         return str(rows[0][0]) if rows else None
+
+    # The session's token usage: one key of its attributes, written in place (the
+    # attributes may hold a large tool list). Each dialect spells it.
+    SET_USAGE: ClassVar[str]
+
+    async def set_usage(self, session_id: uuid.UUID, usage: dict[str, Any]) -> None:
+        await self._execute(
+            self.SET_USAGE, session_id=session_id, usage=orjson.dumps(usage).decode()
+        )
 
     async def request_cancel(self, session_id: uuid.UUID, now: datetime) -> None:
         await self._execute(REQUEST_CANCEL, session_id=session_id, now=now)

@@ -19,6 +19,7 @@ from app.db.reads import TURN_ENDS, Reads
 from app.errors import Unauthorized
 from app.live.fanout import Fanout
 from app.live.outputs import CYCLE, GONE, RESYNC, REVOKED, EventOut
+from app.live.subscription import Subscription
 
 # Checkpoints after which the turn may be waiting for its client: tool calls it runs
 # on the client, an approval asked for (the message's checkpoint carries the part).
@@ -83,24 +84,36 @@ async def wait_for_turn(
     turn_id: uuid.UUID,
     timeout_seconds: float,
     key_hash: str | None = None,
+    subscribed: Subscription | None = None,
 ) -> Ended | Waiting | None:
     """The turn's outcome, `Waiting` as soon as it waits for its client (for tool
     results or an approval: it would not end before the client acts), or None if
     neither came within `timeout_seconds` (or the server ended the wait: drain,
     session deleted). Unauthorized once `key_hash` (the key the wait was opened with)
-    is revoked."""
+    is revoked.
+
+    `subscribed`: the caller's subscription to the session, opened before the turn's
+    message committed (and closed by the caller), so that the turn's end is in it
+    and need not be read first."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_seconds
+    given = subscribed
     while True:
-        # Subscribe first, then read: an end that commits in between is in the read
-        # or arrives in the subscription.
-        sub = fanout.subscribe(session_id, key_hash)
+        if given is not None:
+            sub, given = given, None
+            owned = False
+        else:
+            # Subscribe first, then read: an end that commits in between is in the
+            # read or arrives in the subscription.
+            sub = fanout.subscribe(session_id, key_hash)
+            owned = True
         # The deadline closes the subscription: no timer or task per item waited for.
         timer = loop.call_at(deadline, sub.close)
         try:
-            ended = await turn_ended(reads, session_id, turn_id, waiting=True)
-            if ended is not None:
-                return ended
+            if owned:
+                ended = await turn_ended(reads, session_id, turn_id, waiting=True)
+                if ended is not None:
+                    return ended
             while True:
                 item = await sub.next()
                 if item is None:
@@ -122,7 +135,8 @@ async def wait_for_turn(
                         return ended
         finally:
             timer.cancel()
-            fanout.unsubscribe(sub)
+            if owned:
+                fanout.unsubscribe(sub)
 
 
 def completed_body(message: bytes, ended: Ended) -> bytes:

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from app.db.admission import Units
 from app.db.leases import Leases, Regain
-from app.db.rows import LockedSession, MessageRow, StaleMessage
+from app.db.rows import LockedSession, MessageRow, SessionChanged, StaleMessage
 from app.db.writes import Write
 from app.errors import is_transient_db_error
 from app.journal.sessions import lock_session
@@ -128,6 +128,7 @@ class Fence:
         *,
         ending: bool = False,
         turn: TurnProgress | None = None,
+        inserting: bool = False,
     ) -> MessageRow | None:
         """Run `write` as one checkpoint of the turn and return the message it wrote.
 
@@ -148,17 +149,25 @@ class Fence:
 
         `write` works from `turn.message`. When that changed under the runner (an
         Action joined it: `PATCH /v1/sessions/{id}` is its only other writer while the
-        turn runs), the checkpoint is written again from the stored message."""
+        turn runs), the checkpoint is written again from the stored message.
+
+        `inserting`: `write` only inserts a new message, which cannot be stale. It is
+        then written optimistically (PostgreSQL: the row assumed as this process's last
+        commit left it, the checkpoint one statement of the group commit, see
+        app.db.batch), and again under the lock if the row was not as assumed."""
         outage = Outage(self.settings.runner_outage_seconds)
         stale = 0
         # Set when a COMMIT went unanswered: what that attempt wrote.
         uncertain = False
         attempted: MessageRow | None = None
+        optimistic = inserting
         while True:
             await self.owned(session_id)
             written: MessageRow | None = None
             try:
-                async with self.database.write() as db:
+                async with self.database.write(
+                    optimistic=optimistic and not uncertain
+                ) as db:
                     session = await lock_session(db, session_id)
                     if session is None:
                         raise TurnCancelled
@@ -189,6 +198,9 @@ class Fence:
                 return written
             except (TurnCancelled, LeaseLost):
                 raise
+            except SessionChanged:
+                # Nothing was written: another writer came between. Under the lock.
+                optimistic = False
             except StaleMessage:
                 stale += 1
                 if turn is None or turn.message is None or stale > MAX_STALE_RETRIES:

@@ -36,6 +36,8 @@ class Context:
     # (None: the driver's own).
     driver: Driver
     model: str | None = None
+    # The session's token usage so far, as stored.
+    usage: dict[str, Any] | None = None
 
 
 class History:
@@ -54,15 +56,17 @@ class History:
             if entry.driver not in self.drivers:
                 self.drivers[entry.driver] = create_driver(settings, entry.driver)
 
-    async def context(self, session_id: uuid.UUID) -> Context:
+    async def context(
+        self, session_id: uuid.UUID, session: queries.SessionPart | None = None
+    ) -> Context:
         """The recent conversation for the model (wire messages, and composed for it),
         the newest user message sequence it includes, and whether a cancel was
         requested (read first: a cancel that commits after it is seen at the step's
-        checkpoint)."""
+        checkpoint; `session`, when the caller has just read it)."""
         recent = await queries.recent_messages(
-            self.database, session_id, HISTORY_FOR_MODEL
+            self.database, session_id, HISTORY_FOR_MODEL, session
         )
-        attributes, rows = recent.attributes, recent.messages
+        attributes, rows = recent.session.attributes, recent.messages
         consumed = max((row.sequence for row in rows if row.role == "user"), default=0)
         history = [
             composer.HistoryMessage(
@@ -107,9 +111,10 @@ class History:
             composition.messages,
             tools,
             consumed,
-            recent.cancel_requested,
+            recent.session.cancel_requested,
             driver,
             model.provider_model if model is not None else None,
+            attributes.get("usage"),
         )
 
     def model(

@@ -71,7 +71,7 @@ def step_write(
             usage=step.usage or None,
             then=[_failed_call(turn, call) for call in failed],
         )
-        await record_usage(db, session, step.usage)
+        await record_usage(db, session, turn.session_usage, step.usage)
         if step.usage:
             turn.step_usage[turn.iteration] = step.usage
         if done:

@@ -33,6 +33,10 @@ class TurnProgress:
     # Token usage of each committed step, by step number (set again, never added, so a
     # retried checkpoint counts once).
     step_usage: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # The session's token usage as the step's context read it: the turn's runner is
+    # its only writer while the turn runs (its checkpoints are fenced), so a step's
+    # checkpoint writes the new total without reading it again.
+    session_usage: dict[str, Any] | None = None
 
     @property
     def usage(self) -> dict[str, Any] | None:

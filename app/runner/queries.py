@@ -63,6 +63,8 @@ class ActiveTurn:
     turn_id: uuid.UUID | None
     max_iterations: int = DEFAULT_MAX_ITERATIONS
     resumed: bool = False
+    # The session as read with it: what its first step starts from (see `Recent`).
+    session: "SessionPart | None" = None
 
 
 async def active_turn(database: Units, session_id: uuid.UUID) -> ActiveTurn:
@@ -77,7 +79,8 @@ async def active_turn(database: Units, session_id: uuid.UUID) -> ActiveTurn:
     cap = int(row.attributes.get("max_iterations") or DEFAULT_MAX_ITERATIONS)
     if row.status == WAITING and row.cancel_requested_at is None:
         return ActiveTurn(None, cap)
-    return ActiveTurn(row.active_turn_id, cap, bool(row[4]))
+    session = SessionPart(row.cancel_requested_at is not None, row.attributes or {})
+    return ActiveTurn(row.active_turn_id, cap, bool(row[4]), session)
 
 
 async def session_tools(
@@ -93,24 +96,40 @@ async def session_tools(
 
 
 @dataclass(frozen=True, slots=True)
-class Recent:
-    """What a step starts from, as stored: whether a cancel was requested, the session's
-    attributes, and its newest messages, oldest first."""
+class SessionPart:
+    """What a step reads of the session row: whether a cancel was requested, and its
+    attributes."""
 
     cancel_requested: bool
     attributes: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Recent:
+    """What a step starts from, as stored: the session's part, and its newest
+    messages, oldest first."""
+
+    session: SessionPart
     messages: Sequence[Row[Any]]
 
 
-async def recent_messages(database: Units, session_id: uuid.UUID, limit: int) -> Recent:
+async def recent_messages(
+    database: Units,
+    session_id: uuid.UUID,
+    limit: int,
+    session: SessionPart | None = None,
+) -> Recent:
     """The session's cancel request and attributes (read first: a cancel that commits
-    after it is seen at the step's checkpoint), and its `limit` newest messages."""
+    after it is seen at the step's checkpoint; `session` when they were just read),
+    and its `limit` newest messages."""
     params = {"session_id": session_id, "limit": limit}
     async with database.statements() as conn:
-        session = (await conn.execute(_CANCEL_AND_ATTRIBUTES, params)).one_or_none()
+        if session is None:
+            row = (await conn.execute(_CANCEL_AND_ATTRIBUTES, params)).one_or_none()
+            cancel, attributes = row if row is not None else (None, {})
+            session = SessionPart(cancel is not None, attributes or {})
         rows = (await conn.execute(_NEWEST_MESSAGES, params)).all()
-    cancel, attributes = session if session is not None else (None, {})
-    return Recent(cancel is not None, attributes or {}, list(reversed(rows)))
+    return Recent(session, list(reversed(rows)))
 
 
 @dataclass(frozen=True, slots=True)

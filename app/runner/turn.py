@@ -40,6 +40,7 @@ async def run_turn(rt: Runtime, session_id: uuid.UUID, active: ActiveTurn) -> st
     logs.TURN_ID.set(format_id("turn", turn_id))
     watch = rt.watches[session_id] = asyncio.Event()
     run = TurnRun(rt, TurnProgress(session_id, turn_id, time.monotonic()), watch)
+    run.session = active.session
     try:
         run.outcome = await run.steps(active.max_iterations, active.resumed)
     except TurnCancelled:
@@ -75,6 +76,8 @@ class TurnRun:
 
     # The step streaming now, or last streamed.
     step: LiveStep
+    # The session's part as read with the turn, until the first step uses it.
+    session: queries.SessionPart | None = None
 
     def __init__(self, rt: Runtime, turn: TurnProgress, watch: asyncio.Event) -> None:
         self.rt = rt
@@ -99,6 +102,7 @@ class TurnRun:
             last = turn.iteration >= max_iterations
             context = await self.rt.fence.retrying(self.context)
             turn.consumed = context.consumed
+            turn.session_usage = context.usage
             if context.cancelled:
                 raise TurnCancelled
             if turn.message is None:
@@ -106,6 +110,7 @@ class TurnRun:
                     turn.session_id,
                     turn.turn_id,
                     outcomes.open_write(turn, context.model or context.driver.name),
+                    inserting=True,
                 )
             tool_calls = await self.stream(context)
             if await self.commit_step(tool_calls, last):
@@ -119,7 +124,9 @@ class TurnRun:
                 return "completed"
 
     async def context(self) -> Context:
-        return await self.rt.history.context(self.turn.session_id)
+        # The first step starts from the session as the turn was read with it.
+        session, self.session = self.session, None
+        return await self.rt.history.context(self.turn.session_id, session)
 
     async def seen_input(self) -> int:
         return await queries.seen_input(
