@@ -1,6 +1,7 @@
 """The write unit of work on SQLite: aiosqlite on the driver connection, the database
 write lock taken with the first statement (BEGIN IMMEDIATE)."""
 
+import functools
 import sqlite3
 import uuid
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from sqlalchemy.exc import OperationalError
 from app.db.rows import EventRow, LockedSession, MessageRow
 from app.db.session_row import LOCK_SESSION, UPDATE_SESSION, session_values
 from app.db.statements import (
-    INSERT_EVENT,
+    INSERT_EVENTS,
     INSERT_MESSAGE,
     UPDATE_MESSAGE,
     Statement,
@@ -40,6 +41,13 @@ def _sqlite_uuid(value: str | None) -> uuid.UUID | None:
 
 def _sqlite_time(value: str) -> datetime:
     return datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
+@functools.cache
+def _insert_events(count: int) -> str:
+    """INSERT_EVENTS for `count` rows, in `?` placeholders."""
+    row = "(" + ", ".join("?" * 7) + ")"
+    return f"{INSERT_EVENTS} VALUES " + ", ".join([row] * count)
 
 
 class SqliteWrite(Write):
@@ -84,17 +92,10 @@ class SqliteWrite(Write):
         return list(rows)
 
     async def _execute(self, sql: str, **values: Any) -> int:
-        await self._begin()
-        statement = self._statement(sql)
-        try:
-            cursor = await self._driver.execute(
-                statement.text, self._args(statement, values)
-            )
-        except sqlite3.OperationalError as exc:
-            raise OperationalError(sql, None, exc) from exc
-        count: int = cursor.rowcount
-        await cursor.close()
-        return count
+        # One trip to the connection's thread: the statement's rows (RETURNING 1) are
+        # its count, and its cursor is done with there (closing a cursor is a trip of
+        # its own).
+        return len(await self._fetch(sql + " RETURNING 1", **values))
 
     async def _messages(self, sql: str, **values: Any) -> list[MessageRow]:
         return [
@@ -156,27 +157,18 @@ class SqliteWrite(Write):
             UPDATE_SESSION,
             **session_values(session, now, started=started, finished=finished),
         )
-        statement = self._statement(INSERT_EVENT)
-        rows = [
-            self._args(
-                statement,
-                {
-                    "id": e.id,
-                    "session_id": session.id,
-                    "sequence": e.sequence,
-                    "type": e.type,
-                    "turn_id": e.turn_id,
-                    "now": now,
-                    "body": e.body,
-                },
-            )
-            for e in events
-        ]
+        if not events:
+            return
+        # All of them in one statement: one trip to the connection's thread.
+        text = _insert_events(len(events))
+        args: list[Any] = []
+        for e in events:
+            args += (e.id.hex, session.id.hex, e.sequence, e.type)
+            args += (_sqlite_value(e.turn_id), _sqlite_value(now), e.body)
         try:
-            cursor = await self._driver.executemany(statement.text, rows)
+            await self._driver.execute_fetchall(text, args)
         except sqlite3.OperationalError as exc:
-            raise OperationalError(INSERT_EVENT, None, exc) from exc
-        await cursor.close()
+            raise OperationalError(INSERT_EVENTS, None, exc) from exc
 
     def notify(self, channel: str, payload: str) -> None:
         raise NotImplementedError("SQLite deployments use the in-process bus")

@@ -35,9 +35,9 @@ UPDATE messages SET state = :state, revision = :revision, content = :content,
     updated_at = :updated_at, search_text = :search_text
 WHERE id = :message_id AND revision = :revision - 1"""
 
-INSERT_EVENT = """
-INSERT INTO events (id, session_id, sequence, type, turn_id, created_at, body)
-VALUES (:id, :session_id, :sequence, :type, :turn_id, :now, :body)"""
+# SQLite: the rows follow, as many `VALUES` tuples of these seven as there are events.
+INSERT_EVENTS = """
+INSERT INTO events (id, session_id, sequence, type, turn_id, created_at, body)"""
 
 # PostgreSQL: a whole checkpoint in one statement. The CTEs all run, referenced or not;
 # the final SELECT says whether the message part matched its row.
