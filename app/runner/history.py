@@ -5,8 +5,9 @@ to its context and summarized when it does not fit."""
 import contextlib
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from sqlalchemy.exc import IntegrityError
 
@@ -23,11 +24,40 @@ log = logging.getLogger("app.runner")
 HISTORY_FOR_MODEL = 50
 
 
+class Snapshots(Sequence[dict[str, Any]]):
+    """The recent messages in their wire form, each parsed when first looked at: a
+    step mostly looks at its newest user message only (the model it chose, the
+    scripted model's text), of up to HISTORY_FOR_MODEL."""
+
+    __slots__ = ("_parsed", "_stored")
+
+    def __init__(self, stored: list[str | bytes]) -> None:
+        self._stored = stored
+        self._parsed: list[dict[str, Any] | None] = [None] * len(stored)
+
+    def __len__(self) -> int:
+        return len(self._stored)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        parsed = self._parsed[index]
+        if parsed is None:
+            parsed = self._parsed[index] = wire.loads(self._stored[index])
+        return parsed
+
+
 @dataclass(frozen=True, slots=True)
 class Context:
     """What a step starts from (see `History.context`)."""
 
-    messages: list[dict[str, Any]]
+    messages: Sequence[dict[str, Any]]
     model_input: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     consumed: int
@@ -74,7 +104,7 @@ class History:
             )
             for row in rows
         ]
-        messages = [wire.loads(row.snapshot) for row in rows]
+        messages = Snapshots([row.snapshot for row in rows])
         model = self.model(attributes, messages)
         driver = self.drivers[model.driver] if model is not None else self.driver
         tools = list(attributes.get("tools") or ())
@@ -118,7 +148,7 @@ class History:
         )
 
     def model(
-        self, attributes: dict[str, Any], messages: list[dict[str, Any]]
+        self, attributes: dict[str, Any], messages: Sequence[dict[str, Any]]
     ) -> Model | None:
         """The catalog model of the next step: the newest user message's
         `controls.model_id`, else the session's `model_id`, else the default."""

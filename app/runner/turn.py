@@ -220,6 +220,9 @@ class TurnRun:
         asks); True when client-side ones made the turn wait for their results."""
         turn = self.turn
         turn.tool_results = []
+        if not tool_calls:
+            # The step answered, and input it did not see asks for another.
+            return False
 
         async def read() -> tuple[list[dict[str, Any]], bool]:
             return await queries.session_tools(self.rt.database, turn.session_id)

@@ -1,7 +1,7 @@
 """What every model driver speaks: the model events a step streams, the `Turn` a
 driver sees, and the `Driver` protocol."""
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -95,7 +95,7 @@ class Turn:
     `tools` the tool definitions offered to it; the scripted driver reads only the
     wire messages, but the runner composes for every driver."""
 
-    messages: list[dict[str, Any]]
+    messages: Sequence[dict[str, Any]]
     iteration: int
     tool_results: list[dict[str, Any]]
     model_input: list[dict[str, Any]] = field(default_factory=list)

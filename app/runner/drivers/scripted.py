@@ -4,7 +4,7 @@ exercise every part type."""
 import asyncio
 import json
 import re
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 from app.runner.drivers.base import (
@@ -37,7 +37,7 @@ def long_count(args: str) -> int:
     return LONG_MAX if len(digits) > 7 else min(int(digits), LONG_MAX)
 
 
-def latest_user_text(messages: list[dict[str, Any]]) -> str:
+def latest_user_text(messages: Sequence[dict[str, Any]]) -> str:
     for message in reversed(messages):
         if message["role"] == "user":
             return " ".join(
@@ -64,7 +64,7 @@ def call_request(args: str) -> tuple[str, dict[str, Any]] | str:
     return match.group(1), arguments
 
 
-def call_id(messages: list[dict[str, Any]], name: str) -> str:
+def call_id(messages: Sequence[dict[str, Any]], name: str) -> str:
     """A tool call id unique to the user message that asked for the call (client-side
     results are posted by it), stable across a resumed turn."""
     for message in reversed(messages):
