@@ -33,6 +33,20 @@ def listen(running: Running) -> list[Wakeup]:
     return heard
 
 
+def count_calls(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[Any]:
+    """The arguments of every call of the coroutine method `owner.name` from now on
+    (the calls still go through)."""
+    calls: list[Any] = []
+    method = getattr(owner, name)
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return await method(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 async def test_a_commits_rows_are_those_read_back(running: Running) -> None:
     state = running.app.state.app
     heard = listen(running)
@@ -82,14 +96,7 @@ async def test_the_fan_out_sends_its_own_processes_commits_without_reading(
     state = running.app.state.app
     sid = await create_session(running.client, "no read back")
     session_id = uuid.UUID(hex=sid[len("session_") :])
-    reads: list[Any] = []
-    read = state.reads.checkpoints
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        reads.append(args)
-        return await read(*args, **kwargs)
-
-    monkeypatch.setattr(state.reads, "checkpoints", counted)
+    reads = count_calls(monkeypatch, state.reads, "checkpoints")
     sub = state.fanout.subscribe(session_id)
     sub.started_at = 0
     try:
@@ -114,14 +121,7 @@ async def test_a_runner_is_not_woken_by_its_own_checkpoints(
     """The step's watch reads the session back only for another writer's commit (a
     cancel, an Action, a decision): a plain turn reads nothing while it streams."""
     state = running.app.state.app
-    watched: list[Any] = []
-    watch = state.reads.turn_watch
-
-    async def counted(*args: Any) -> Any:
-        watched.append(args)
-        return await watch(*args)
-
-    monkeypatch.setattr(state.reads, "turn_watch", counted)
+    watched = count_calls(monkeypatch, state.reads, "turn_watch")
     sid = await create_session(running.client, "quiet runner")
     await post_message(running.client, sid, "/scenario tool weather in Kyiv")
     await wait_idle(running.client, sid)
@@ -138,14 +138,7 @@ async def test_a_wait_reads_its_turn_once(
     """A `?wait=true` subscribes before its message commits: the turn's end is in the
     subscription, read once for the answer (a wait for a duplicate reads first)."""
     state = running.app.state.app
-    outcomes: list[Any] = []
-    outcome = state.reads.turn_outcome
-
-    async def counted(*args: Any) -> Any:
-        outcomes.append(args)
-        return await outcome(*args)
-
-    monkeypatch.setattr(state.reads, "turn_outcome", counted)
+    outcomes = count_calls(monkeypatch, state.reads, "turn_outcome")
     sid = await create_session(running.client, "one read")
     url = f"/v1/sessions/{sid}/messages"
 

@@ -92,10 +92,16 @@ class Bus:
         """Called once a write transaction committed, with its outbox: its wake-ups,
         deletions and key changes reach this process's own subscribers at once, and the
         sessions whose turn it started are handed to the local runner (`kicks`)."""
-        for item in committed_items(outbox):
+        items = committed_items(outbox)
+        for item in items:
             self.sink(item)
         for session_id in outbox.kicks:
             self.sink(Kick(session_id))
+        self.send_committed(items)
+
+    def send_committed(self, items: list[BusItem]) -> None:
+        """A bus that carries commits to the other processes itself (not with the
+        COMMIT) sends `items` to them."""
 
     def commit_unknown(self) -> None:
         """Called when a COMMIT failed without an answer: it may have committed."""

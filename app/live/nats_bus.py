@@ -44,10 +44,8 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from app.db.outbox import Outbox
 from app.live.bus import (
     Bus,
-    committed_items,
     decode_payload,
     enqueue,
     packed,
@@ -175,9 +173,8 @@ class NatsBus(Bus):
 
     # ---- sending ------------------------------------------------------------------
 
-    def after_commit(self, outbox: Outbox) -> None:
-        super().after_commit(outbox)
-        for item in committed_items(outbox):
+    def send_committed(self, items: list[BusItem]) -> None:
+        for item in items:
             self._queue(item)
 
     def commit_unknown(self) -> None:

@@ -192,8 +192,8 @@ class Fence:
                     # read the session back at every step for nothing).
                     db.outbox.hush(session_id)
                 self.epochs[session_id] = session.runner_epoch
-                self.runnable[session_id] = session.active_turn_id is not None and (
-                    session.status != queries.WAITING or session.cancel_requested
+                self.runnable[session_id] = queries.runnable(
+                    session.active_turn_id, session.status, session.cancel_requested
                 )
                 return written
             except (TurnCancelled, LeaseLost):

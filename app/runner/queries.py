@@ -77,10 +77,17 @@ async def active_turn(database: Units, session_id: uuid.UUID) -> ActiveTurn:
     if row is None:
         return ActiveTurn(None)
     cap = int(row.attributes.get("max_iterations") or DEFAULT_MAX_ITERATIONS)
-    if row.status == WAITING and row.cancel_requested_at is None:
+    cancelled = row.cancel_requested_at is not None
+    if not runnable(row.active_turn_id, row.status, cancelled):
         return ActiveTurn(None, cap)
-    session = SessionPart(row.cancel_requested_at is not None, row.attributes or {})
+    session = SessionPart(cancelled, row.attributes or {})
     return ActiveTurn(row.active_turn_id, cap, bool(row[4]), session)
+
+
+def runnable(turn_id: uuid.UUID | None, status: str, cancel_requested: bool) -> bool:
+    """Whether a session row so described has a turn for a runner: one is active and
+    it does not wait for client tool results (unless a cancel is requested)."""
+    return turn_id is not None and (status != WAITING or cancel_requested)
 
 
 async def session_tools(

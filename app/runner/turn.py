@@ -39,8 +39,8 @@ async def run_turn(rt: Runtime, session_id: uuid.UUID, active: ActiveTurn) -> st
     assert turn_id is not None
     logs.TURN_ID.set(format_id("turn", turn_id))
     watch = rt.watches[session_id] = asyncio.Event()
-    run = TurnRun(rt, TurnProgress(session_id, turn_id, time.monotonic()), watch)
-    run.session = active.session
+    turn = TurnProgress(session_id, turn_id, time.monotonic())
+    run = TurnRun(rt, turn, watch, active.session)
     try:
         run.outcome = await run.steps(active.max_iterations, active.resumed)
     except TurnCancelled:
@@ -76,13 +76,19 @@ class TurnRun:
 
     # The step streaming now, or last streamed.
     step: LiveStep
-    # The session's part as read with the turn, until the first step uses it.
-    session: queries.SessionPart | None = None
 
-    def __init__(self, rt: Runtime, turn: TurnProgress, watch: asyncio.Event) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        turn: TurnProgress,
+        watch: asyncio.Event,
+        session: queries.SessionPart | None = None,
+    ) -> None:
         self.rt = rt
         self.turn = turn
         self.watch = watch
+        # The session's part as read with the turn, until the first step uses it.
+        self.session = session
         # How the turn ended here, for its log line (left to recovery unless set).
         self.outcome = "interrupted"
 
