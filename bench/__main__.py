@@ -253,7 +253,11 @@ async def run(args: argparse.Namespace) -> int:
         }
     if args.json:
         args.json.write_bytes(
-            orjson.dumps(document, option=orjson.OPT_INDENT_2, default=str)
+            orjson.dumps(
+                document,
+                option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS,
+                default=str,
+            )
         )
     if any_failed:
         out()

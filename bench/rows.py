@@ -37,9 +37,11 @@ from bench.servers import (
     Pinning,
     Proc,
     ServiceConfig,
+    children_cpu_seconds,
     core_busy,
     core_times,
     cpu_seconds,
+    postgres_cpu_seconds,
     python_env,
     spawn,
     start_baseline,
@@ -615,6 +617,37 @@ async def baseline_writes(
     return result
 
 
+def cpu_between(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else after - before
+
+
+def per_post_us(seconds: float | None, posts: float) -> float | None:
+    return None if seconds is None else seconds / posts * 1e6
+
+
+def writes_cpu_note(wrk: list[dict[str, Any]], client: list[dict[str, Any]]) -> str:
+    """Where a POST's CPU goes under each client, medians: the service, the client
+    itself, PostgreSQL (all of its processes), and the service's share of its core.
+    Both clients share the load core with PostgreSQL, so a client's own CPU is what
+    PostgreSQL cannot run there."""
+
+    def figure(results: list[dict[str, Any]], key: str, scale: float = 1.0) -> str:
+        values = [r[key] for r in results if r.get(key) is not None]
+        return f"{median(values) * scale:.0f}" if values else "—"
+
+    def both(key: str, scale: float = 1.0) -> str:
+        return f"{figure(wrk, key, scale)} / {figure(client, key, scale)}"
+
+    return (
+        "writes: CPU per POST under wrk / under the aiohttp client: service "
+        f"{both('server_cpu_per_post_us')} µs (its share of its core "
+        f"{both('server_core_share', 100)} %), the client itself "
+        f"{both('client_cpu_per_post_us')} µs, PostgreSQL "
+        f"{both('postgres_cpu_per_post_us')} µs; cores busy under wrk "
+        f"{busy_text(wrk)}, under the client {busy_text(client)}"
+    )
+
+
 def busy_text(results: list[dict[str, Any]]) -> str:
     """Each core's median busy fraction over runs, as `core 0 61 %, core 1 96 %`."""
     cores = sorted(results[0]["core_busy"])
@@ -659,6 +692,7 @@ async def aiohttp_writers(
         await asyncio.wait_for(proc.process.stdout.readline(), 30)
         before = await count_checkpoints(db)
         cpu_before = cpu_seconds(server.pid)
+        postgres_before = postgres_cpu_seconds()
         cores = core_times()
         started = time.monotonic()
         proc.process.stdin.write(b"go\n")
@@ -667,9 +701,10 @@ async def aiohttp_writers(
             proc.process.stdout.readline(), profile.duration + 60
         )
         elapsed = time.monotonic() - started
-        after = await count_checkpoints(db)
         server_cpu = cpu_seconds(server.pid) - cpu_before
+        postgres_cpu = cpu_between(postgres_before, postgres_cpu_seconds())
         busy = core_busy(cores)
+        after = await count_checkpoints(db)
         await asyncio.wait_for(proc.process.wait(), 30)
     finally:
         await proc.stop()
@@ -677,11 +712,14 @@ async def aiohttp_writers(
         raise BenchError(f"writers client failed: {proc.log_tail()}")
     result = orjson.loads(out)
     drain = await wait_all_idle(api, db.writer_sessions, 120)
+    posts = max(result["ok"], 1)
     return {
         **result,
         "requests_per_s": result["ok"] / result["seconds"],
-        "server_cpu_per_post_us": server_cpu / max(result["ok"], 1) * 1e6,
-        "client_cpu_per_post_us": result["cpu_seconds"] / max(result["ok"], 1) * 1e6,
+        "server_cpu_per_post_us": server_cpu / posts * 1e6,
+        "server_core_share": server_cpu / elapsed,
+        "client_cpu_per_post_us": result["cpu_seconds"] / posts * 1e6,
+        "postgres_cpu_per_post_us": per_post_us(postgres_cpu, posts),
         "core_busy": busy,
         "checkpoints_per_s": (after[0] - before[0]) / elapsed,
         "events_per_s": (after[1] - before[1]) / elapsed,
@@ -709,6 +747,8 @@ async def row_writes(db: Database, server: Proc) -> list[Line]:
             )
             before = await count_checkpoints(db)
             cpu_before = cpu_seconds(server.pid)
+            postgres_before = postgres_cpu_seconds()
+            wrk_before = children_cpu_seconds()
             cores = core_times()
             started = time.monotonic()
             result = await run_wrk(
@@ -722,16 +762,20 @@ async def row_writes(db: Database, server: Proc) -> list[Line]:
             # Counted at the moment wrk stops: what the runner still has in flight is
             # left out (measured separately as the drain time).
             elapsed = time.monotonic() - started
-            after = await count_checkpoints(db)
             server_cpu = cpu_seconds(server.pid) - cpu_before
+            postgres_cpu = cpu_between(postgres_before, postgres_cpu_seconds())
+            wrk_cpu = children_cpu_seconds() - wrk_before
             busy = core_busy(cores)
+            after = await count_checkpoints(db)
             drain = await wait_all_idle(api, db.writer_sessions, 120)
+            posts = max(result.requests_per_s * elapsed, 1)
             return {
                 **result.as_dict(),
                 "core_busy": busy,
-                "server_cpu_per_post_us": server_cpu
-                / max(result.requests_per_s * elapsed, 1)
-                * 1e6,
+                "server_cpu_per_post_us": server_cpu / posts * 1e6,
+                "server_core_share": server_cpu / elapsed,
+                "client_cpu_per_post_us": wrk_cpu / posts * 1e6,
+                "postgres_cpu_per_post_us": per_post_us(postgres_cpu, posts),
                 "checkpoints": after[0] - before[0],
                 "seconds": round(elapsed, 3),
                 "checkpoints_per_s": (after[0] - before[0]) / elapsed,
@@ -754,16 +798,7 @@ async def row_writes(db: Database, server: Proc) -> list[Line]:
     errors += sum(r["failed"] for r in results["client"])
     if errors:
         db.notes.append(f"writes: {errors} failed POSTs (socket errors or non-2xx)")
-    db.notes.append(
-        "writes: server CPU per POST "
-        f"{median([r['server_cpu_per_post_us'] for r in results['service']]):.0f} µs "
-        "under wrk, "
-        f"{median([r['server_cpu_per_post_us'] for r in results['client']]):.0f} µs "
-        "under the aiohttp client (its own CPU per POST "
-        f"{median([r['client_cpu_per_post_us'] for r in results['client']]):.0f} µs); "
-        f"cores busy under wrk {busy_text(results['service'])}, "
-        f"under the client {busy_text(results['client'])}"
-    )
+    db.notes.append(writes_cpu_note(results["service"], results["client"]))
     drains = [r["drain_seconds"] for r in results["service"]]
     db.notes.append(
         f"writes: after wrk stopped the runner needed {median(drains):.1f} s (median) "

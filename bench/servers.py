@@ -35,6 +35,37 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def children_cpu_seconds() -> float:
+    """User + system CPU time of this process's children that have exited (wrk's, once
+    it has been waited for)."""
+    times = os.times()
+    return times.children_user + times.children_system
+
+
+def postgres_cpu_seconds() -> float | None:
+    """User + system CPU time of every PostgreSQL process on this machine so far, those
+    that exited included (their time is in the postmaster's children's): None where
+    none is visible (a server elsewhere)."""
+    total = 0
+    seen = False
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                stat = handle.read()
+        except OSError:
+            continue  # gone meanwhile
+        name, _, rest = stat.partition(") ")
+        if not name.endswith("(postgres"):
+            continue
+        seen = True
+        fields = rest.split()
+        # utime, stime, cutime, cstime
+        total += sum(int(v) for v in fields[11:15])
+    return total / CLOCK_TICKS if seen else None
+
+
 def core_times() -> dict[int, tuple[int, int]]:
     """Per core, (busy, total) jiffies so far, from /proc/stat."""
     times = {}
