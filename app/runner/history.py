@@ -85,6 +85,13 @@ class History:
         for entry in catalog.models if catalog is not None else ():
             if entry.driver not in self.drivers:
                 self.drivers[entry.driver] = create_driver(settings, entry.driver)
+        # The recent messages of each session whose turns run here, kept from step to
+        # step and turn to turn while this process holds its lease (see `forget`).
+        self.windows: dict[uuid.UUID, queries.Window] = {}
+
+    def forget(self, session_id: uuid.UUID) -> None:
+        """The session's runner let it go: its window is dropped."""
+        self.windows.pop(session_id, None)
 
     async def context(
         self, session_id: uuid.UUID, session: queries.SessionPart | None = None
@@ -92,9 +99,13 @@ class History:
         """The recent conversation for the model (wire messages, and composed for it),
         the newest user message sequence it includes, and whether a cancel was
         requested (read first: a cancel that commits after it is seen at the step's
-        checkpoint; `session`, when the caller has just read it)."""
+        checkpoint; `session`, when the caller has just read it). Read through the
+        session's window: what changed since its previous step."""
+        window = self.windows.get(session_id)
+        if window is None:
+            window = self.windows[session_id] = queries.Window()
         recent = await queries.recent_messages(
-            self.database, session_id, HISTORY_FOR_MODEL, session
+            self.database, session_id, HISTORY_FOR_MODEL, session, window
         )
         attributes, rows = recent.session.attributes, recent.messages
         consumed = max((row.sequence for row in rows if row.role == "user"), default=0)

@@ -4,7 +4,7 @@ statements are the journal's, inside the fenced unit of `Fence.checkpoint`)."""
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -41,16 +41,29 @@ _ATTRIBUTES = select(models.Session.attributes).where(
 _CANCEL_AND_ATTRIBUTES = select(
     models.Session.cancel_requested_at, models.Session.attributes
 ).where(models.Session.id == bindparam("session_id"))
+_HISTORY_COLUMNS = (
+    models.Message.snapshot,
+    models.Message.role,
+    models.Message.sequence,
+    models.Message.visibility,
+    models.Message.content,
+    models.Message.changed_sequence,
+)
 _NEWEST_MESSAGES = (
-    select(
-        models.Message.snapshot,
-        models.Message.role,
-        models.Message.sequence,
-        models.Message.visibility,
-        models.Message.content,
-    )
+    select(*_HISTORY_COLUMNS)
     .where(models.Message.session_id == bindparam("session_id"))
     .order_by(models.Message.sequence.desc())
+    .limit(bindparam("limit", type_=Integer))
+)
+# What changed since a window was read, in the order it changed (the range of the
+# (session_id, changed_sequence) index); `limit` rows or more: read the window whole.
+_CHANGED_MESSAGES = (
+    select(*_HISTORY_COLUMNS)
+    .where(
+        models.Message.session_id == bindparam("session_id"),
+        models.Message.changed_sequence > bindparam("after", type_=Integer),
+    )
+    .order_by(models.Message.changed_sequence)
     .limit(bindparam("limit", type_=Integer))
 )
 
@@ -120,23 +133,72 @@ class Recent:
     messages: Sequence[Row[Any]]
 
 
+@dataclass(slots=True)
+class Window:
+    """A session's newest messages as its runner last read them (by sequence), and
+    the change cursor they are known up to. Every checkpoint of a message sets its
+    `changed_sequence` past every earlier one of the session (and messages are never
+    deleted but with their session), so a read of what changed since brings the
+    window up to date: a step of a long conversation reads the messages that changed
+    since the step before instead of its whole recent history."""
+
+    rows: dict[int, Row[Any]] = field(default_factory=dict)
+    # The highest `changed_sequence` read; None: nothing read yet.
+    changed: int | None = None
+    # Rows the last read fetched.
+    fetched: int = 0
+
+    def reset(self) -> None:
+        self.rows.clear()
+        self.changed = None
+
+    def merge(self, rows: Sequence[Row[Any]], limit: int) -> None:
+        self.fetched = len(rows)
+        changed = self.changed or 0
+        for row in rows:
+            self.rows[row.sequence] = row
+            changed = max(changed, row.changed_sequence)
+        self.changed = changed
+        if len(self.rows) > limit:
+            for sequence in sorted(self.rows)[:-limit]:
+                del self.rows[sequence]
+
+    def messages(self) -> list[Row[Any]]:
+        return [self.rows[sequence] for sequence in sorted(self.rows)]
+
+
 async def recent_messages(
     database: Units,
     session_id: uuid.UUID,
     limit: int,
     session: SessionPart | None = None,
+    window: Window | None = None,
 ) -> Recent:
     """The session's cancel request and attributes (read first: a cancel that commits
     after it is seen at the step's checkpoint; `session` when they were just read),
-    and its `limit` newest messages."""
-    params = {"session_id": session_id, "limit": limit}
+    and its `limit` newest messages: with `window`, only those that changed since it
+    was read, merged into it."""
+    params: dict[str, Any] = {"session_id": session_id, "limit": limit}
     async with database.statements() as conn:
         if session is None:
             row = (await conn.execute(_CANCEL_AND_ATTRIBUTES, params)).one_or_none()
             cancel, attributes = row if row is not None else (None, {})
             session = SessionPart(cancel is not None, attributes or {})
-        rows = (await conn.execute(_NEWEST_MESSAGES, params)).all()
-    return Recent(session, list(reversed(rows)))
+        rows: Sequence[Row[Any]] | None = None
+        if window is not None and window.changed is not None:
+            after = {**params, "after": window.changed}
+            changed = (await conn.execute(_CHANGED_MESSAGES, after)).all()
+            if len(changed) < limit:
+                rows = changed
+            else:
+                # As many changes as the window holds: it is read whole.
+                window.reset()
+        if rows is None:
+            rows = (await conn.execute(_NEWEST_MESSAGES, params)).all()
+    if window is None:
+        return Recent(session, list(reversed(rows)))
+    window.merge(rows, limit)
+    return Recent(session, window.messages())
 
 
 @dataclass(frozen=True, slots=True)

@@ -209,6 +209,7 @@ class TurnRunner:
             finally:
                 self.runtime.fence.epochs.pop(session_id, None)
                 self.runtime.fence.runnable.pop(session_id, None)
+                self.runtime.history.forget(session_id)
                 await self.leases.release(session_id)
         except asyncio.CancelledError:
             raise
