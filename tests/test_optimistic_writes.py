@@ -493,3 +493,27 @@ async def test_a_message_changed_under_its_copy_is_not_written_over(
     with pytest.raises(StaleMessage):
         await step(first, sid, opened, "from a stale copy", optimistic=False)
     assert await stored(first, sid) == before
+
+
+@pytest.mark.postgres_only
+async def test_a_message_row_within_a_page_is_stored_as_written(
+    handles: tuple[Database, Database],
+) -> None:
+    """Migration 0010: a message a few hundred bytes long is past PostgreSQL's default
+    compression target, and is stored uncompressed."""
+    first, _ = handles
+    sid = await new_session_row(first)
+    answer = await post(first, sid, " ".join(["words of a message"] * 40))
+    async with first.statements() as conn:
+        row = (
+            await conn.execute(
+                text(
+                    "SELECT pg_column_compression(snapshot),"
+                    " pg_column_compression(content), octet_length(snapshot)"
+                    " FROM messages WHERE session_id = :sid AND sequence = :sequence"
+                ),
+                {"sid": sid, "sequence": answer["sequence"]},
+            )
+        ).one()
+    assert row[2] > 700
+    assert row[:2] == (None, None)

@@ -5,7 +5,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db.base import Base
@@ -91,7 +91,15 @@ class Message(Base):
         UniqueConstraint("session_id", "client_message_id"),
         Index(None, "session_id", "visibility", "sequence"),
         Index(None, "session_id", "changed_sequence"),
-        Index(None, "state"),
+        # A session's streaming messages (the only question asked of `state`): written
+        # only while a message streams. PostgreSQL also stores rows of up to a page
+        # uncompressed (migration 0010).
+        Index(
+            "ix_messages_session_id_streaming",
+            "session_id",
+            postgresql_where=text("state = 'streaming'"),
+            sqlite_where=text("state = 'streaming'"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
