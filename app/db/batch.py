@@ -43,11 +43,14 @@ MAX_BATCH = 64
 
 # The sessions first: a row is written only if every column the head assumed still holds
 # (the UPDATE waits for a concurrent writer's lock and then checks the row as that
-# writer left it) and its message is as assumed: a new one's client_message_id not
-# taken, an updated one at the revision before (`was_revision`; every other writer of a
-# message writes its session row too, so a message that changed under a statement
-# fails its session's check first). Then the messages inserted and updated, the events
-# and the NOTIFYs of the sessions written.
+# writer left it) and its message is as assumed: its client_message_id not taken by
+# another, and an updated one still at the revision before its own (`was_revision`,
+# null for a new one; every other writer of a message writes its session row too, so
+# a message that changed under a statement fails its session's check first). The
+# revision is a subquery per checkpoint, on the primary key: as a join the planner may
+# hash the whole table while it believes it small (a new database, before its first
+# ANALYZE). Then the messages inserted and updated, the events and the NOTIFYs of the
+# sessions written.
 _SESSION_ARRAYS = ",\n        ".join(
     [
         *(f":was_{c.name}::{c.pg_type}[]" for c in SESSION_ROW),
@@ -75,17 +78,12 @@ s AS (
     FROM c
     WHERE t.id = c.session_id
         AND {_UNCHANGED}
-        AND CASE WHEN c.was_revision IS NULL
-            THEN NOT EXISTS (
-                SELECT 1 FROM messages AS taken
-                WHERE taken.session_id = c.session_id
-                    AND taken.client_message_id = c.client_message_id)
-            ELSE EXISTS (
-                SELECT 1 FROM messages AS mine
-                WHERE mine.id = c.message_id
-                    AND mine.session_id = c.session_id
-                    AND mine.revision = c.was_revision)
-        END
+        AND NOT EXISTS (
+            SELECT 1 FROM messages AS taken
+            WHERE taken.session_id = c.session_id
+                AND taken.client_message_id = c.client_message_id)
+        AND (SELECT moved.revision FROM messages AS moved
+            WHERE moved.id = c.message_id) IS NOT DISTINCT FROM c.was_revision
     RETURNING t.id
 ),
 m AS (
