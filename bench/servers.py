@@ -28,10 +28,16 @@ LOAD_CORE = 0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def _stat(pid: int | str) -> tuple[str, list[str]]:
+    """A process's name and the fields of /proc/PID/stat after it (state first)."""
+    with open(f"/proc/{pid}/stat") as handle:
+        head, _, rest = handle.read().rpartition(")")
+    return head.partition("(")[2], rest.split()
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far."""
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
+    fields = _stat(pid)[1]
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
@@ -52,15 +58,12 @@ def postgres_cpu_seconds() -> float | None:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat") as handle:
-                stat = handle.read()
+            name, fields = _stat(entry)
         except OSError:
             continue  # gone meanwhile
-        name, _, rest = stat.partition(") ")
-        if not name.endswith("(postgres"):
+        if name != "postgres":
             continue
         seen = True
-        fields = rest.split()
         # utime, stime, cutime, cstime
         total += sum(int(v) for v in fields[11:15])
     return total / CLOCK_TICKS if seen else None

@@ -45,12 +45,18 @@ async def new_session(running: Running, title: str) -> tuple[str, uuid.UUID]:
     return sid, uuid.UUID(hex=sid[len("session_") :])
 
 
+async def answered(running: Running, title: str, text: str) -> tuple[str, uuid.UUID]:
+    """A new session whose first message's turn has ended."""
+    sid, session_id = await new_session(running, title)
+    await post_message(running.client, sid, text)
+    await wait_idle(running.client, sid)
+    return sid, session_id
+
+
 async def test_a_window_reads_only_what_changed_and_holds_a_whole_read(
     running: Running,
 ) -> None:
-    sid, session_id = await new_session(running, "window")
-    await post_message(running.client, sid, "first words")
-    await wait_idle(running.client, sid)
+    sid, session_id = await answered(running, "window", "first words")
     window = queries.Window()
     assert await through(running, session_id, window) == await whole(
         running, session_id
@@ -59,7 +65,7 @@ async def test_a_window_reads_only_what_changed_and_holds_a_whole_read(
     assert window.fetched == 2
 
     # Nothing changed: nothing is fetched, and the window is as it was.
-    before = window.messages()
+    before = window.newest
     assert stored(before) == await through(running, session_id, window)
     assert window.fetched == 0
 
@@ -76,9 +82,7 @@ async def test_a_window_reads_only_what_changed_and_holds_a_whole_read(
 async def test_a_window_past_its_limit_holds_the_newest_messages(
     running: Running,
 ) -> None:
-    sid, session_id = await new_session(running, "window limit")
-    await post_message(running.client, sid, "opening")
-    await wait_idle(running.client, sid)
+    sid, session_id = await answered(running, "window limit", "opening")
     window = queries.Window()
     await through(running, session_id, window)
     # More messages than the window holds, steering and starting turns as they come.

@@ -171,9 +171,10 @@ class PgWrite(Write):
         ):
             # A checkpoint of one message goes optimistic: it assumes the session row
             # as its head, and an updated message at the revision before its own.
+            written = self.written[session.id] = session.copy()
             self._deferred = Optimistic(
                 self._assumed[session.id],
-                session.copy(),
+                written,
                 now,
                 message,
                 list(events),
@@ -185,13 +186,13 @@ class PgWrite(Write):
             # goes in a later batch: it is written if this one was (a unit that assumed
             # the row as it is now would find it changed by this one).
             assert self._heads is not None
-            self._heads.put(session.copy())
+            self._heads.put(written)
             self.pending.add(session.id)
         else:
             await self._save_locked(
                 session, now, message, kind, events, started=started, finished=finished
             )
-        self.written[session.id] = session.copy()
+            self.written[session.id] = session.copy()
 
     async def _save_locked(
         self,

@@ -143,6 +143,8 @@ class Window:
     since the step before instead of its whole recent history."""
 
     rows: dict[int, Row[Any]] = field(default_factory=dict)
+    # The rows, oldest first, as the last read left them.
+    newest: list[Row[Any]] = field(default_factory=list)
     # The highest `changed_sequence` read; None: nothing read yet.
     changed: int | None = None
     # Rows the last read fetched.
@@ -152,19 +154,20 @@ class Window:
         self.rows.clear()
         self.changed = None
 
-    def merge(self, rows: Sequence[Row[Any]], limit: int) -> None:
+    def merge(self, rows: Sequence[Row[Any]], limit: int) -> list[Row[Any]]:
+        """The window with `rows` (what changed, or the newest whole) merged in: its
+        `limit` newest, oldest first."""
         self.fetched = len(rows)
         changed = self.changed or 0
         for row in rows:
             self.rows[row.sequence] = row
             changed = max(changed, row.changed_sequence)
         self.changed = changed
-        if len(self.rows) > limit:
-            for sequence in sorted(self.rows)[:-limit]:
-                del self.rows[sequence]
-
-    def messages(self) -> list[Row[Any]]:
-        return [self.rows[sequence] for sequence in sorted(self.rows)]
+        order = sorted(self.rows)
+        for sequence in order[:-limit]:
+            del self.rows[sequence]
+        self.newest = [self.rows[sequence] for sequence in order[-limit:]]
+        return self.newest
 
 
 async def recent_messages(
@@ -197,8 +200,7 @@ async def recent_messages(
             rows = (await conn.execute(_NEWEST_MESSAGES, params)).all()
     if window is None:
         return Recent(session, list(reversed(rows)))
-    window.merge(rows, limit)
-    return Recent(session, window.messages())
+    return Recent(session, window.merge(rows, limit))
 
 
 @dataclass(frozen=True, slots=True)
