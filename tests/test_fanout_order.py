@@ -1,19 +1,25 @@
 """The fan-out's order and writes, driven item by item: a live item goes out behind a
 wake-up whose read is in progress and to the subscribers on the loop's next turn when
-nothing is ahead of it, a stream writes every item it has queued in one chunk, and a
-channel's first read covers what its live subscribers lack. A fan-out of
-its own on the test's database, fed directly (no bus), so both lanes see the same
-timing."""
+nothing is ahead of it, a stream writes every item it has queued in one chunk, a
+channel's first read covers what its live subscribers lack, and a new stream's live
+parts never run ahead of the checkpoints they build on. A fan-out of its own on the
+test's database, fed directly (no bus), so both lanes see the same timing."""
 
 import asyncio
 import contextlib
 import re
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
-from app.ids import uuid7
+import pytest
+
+from app.db.rows import MessageRow
+from app.db.session import Database
+from app.ids import format_id, uuid7
 from app.journal import checkpoint
 from app.journal.sessions import lock_session
+from app.live import streams
 from app.live.fanout import Fanout
 from app.live.items import PartStarted, Wakeup
 from app.live.outputs import EventOut
@@ -24,6 +30,51 @@ from tests.support.in_process import Running
 from tests.support.live import text_delta
 from tests.support.sse import frame_names
 from tests.support.waits import wait_until
+
+
+async def append(state: Any, session_id: uuid.UUID, text: str) -> MessageRow:
+    """A user message committed to the session (no turn): its row, at its sequence."""
+    async with state.database.write() as db:
+        session = await lock_session(db, session_id)
+        assert session is not None
+        written, _ = await checkpoint.append_user_message(
+            db,
+            session,
+            content=[{"type": "text", "text": text}],
+            visibility="visible",
+            extra={},
+            client_message_id=None,
+            start_turn=False,
+        )
+    assert written.message is not None
+    return written.message
+
+
+def live_text(
+    session_id: uuid.UUID, message_id: uuid.UUID, revision: int
+) -> PartStarted:
+    return PartStarted(
+        session_id,
+        message_id,
+        revision,
+        None,
+        {"type": "text", "part_id": "agent-text:1", "text": "The "},
+    )
+
+
+def mutations(
+    state: Any, fanout: Fanout, session_id: uuid.UUID
+) -> AsyncIterator[bytes]:
+    """The session's Mutation stream from its start, on `fanout`."""
+    return message_mutations(
+        database=state.database,
+        fanout=fanout,
+        session_id=session_id,
+        after=0,
+        include_internal=False,
+        config=StreamConfig(retry_ms=100, cycle_seconds=30),
+        release=lambda: None,
+    )
 
 
 async def parked(fanout: Fanout, session_id: uuid.UUID) -> Subscription:
@@ -161,4 +212,68 @@ async def test_the_first_read_covers_every_subscriber_that_went_live(
         assert events() == list(range(sub.started_at + 1, sequences[-1] + 1))
         assert sequences[0] in events()
     finally:
+        await fanout.close()
+
+
+async def test_a_new_streams_live_part_never_runs_ahead_of_its_checkpoint(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint commits while a new stream reads where it starts, and the next
+    step's part is published before the stream replayed anything: the stream sends the
+    checkpoint's message, then the part. (Sent the other way round, a frontend ends the
+    step's text at the checkpoint's new parts: the rest of the text is lost to it.)"""
+    state = running.app.state.app
+    session_id = uuid_of(await create_session(running.client, "live after replay"))
+    fanout = Fanout(state.reads, 100)
+    original = streams._last_sequence
+    raced: list[MessageRow] = []
+
+    async def racing(database: Database, sid: uuid.UUID) -> int:
+        last = await original(database, sid)
+        if not raced:
+            raced.append(await append(state, session_id, "the checkpoint"))
+            fanout.deliver(Wakeup(session_id, raced[0].changed_sequence))
+            fanout.deliver(live_text(session_id, uuid7(), 1))
+        return last
+
+    monkeypatch.setattr(streams, "_last_sequence", racing)
+    stream = mutations(state, fanout, session_id)
+    try:
+        seen: list[str] = []
+        while "part" not in seen:
+            seen += frame_names(await asyncio.wait_for(anext(stream), 5))
+        assert raced
+        assert [name for name in seen if name in ("message", "part")] == [
+            "message",
+            "part",
+        ]
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+        await fanout.close()
+
+
+async def test_a_new_stream_leaves_out_live_parts_a_replayed_checkpoint_replaced(
+    running: Running,
+) -> None:
+    """Live parts of a message whose replayed revision is past the one they extend are
+    not sent (the snapshot holds them already); another message's live parts are."""
+    state = running.app.state.app
+    session_id = uuid_of(await create_session(running.client, "replaced parts"))
+    fanout = Fanout(state.reads, 100)
+    stored = await append(state, session_id, "committed")
+    streaming = uuid7()
+    fanout.deliver(live_text(session_id, stored.id, stored.revision - 1))
+    fanout.deliver(live_text(session_id, streaming, 1))
+    stream = mutations(state, fanout, session_id)
+    try:
+        chunks = b""
+        while b"event: part" not in chunks:
+            chunks += await asyncio.wait_for(anext(stream), 5)
+        names = [n for n in frame_names(chunks) if n in ("message", "part")]
+        assert names == ["message", "part"]
+        part = chunks[chunks.index(b"event: part") :]
+        assert format_id("message", streaming).encode() in part
+        assert format_id("message", stored.id).encode() not in part
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
         await fanout.close()

@@ -239,15 +239,26 @@ class MutationView:
     async def start(self) -> AsyncIterator[bytes]:
         # First, before any read: the reconnection time, and the sign that the stream
         # is subscribed (whatever commits from now on reaches it).
+        # The live parts as they stand at subscription, taken before any read: each
+        # builds on a revision of its message that committed before it was published,
+        # so the replay read next covers it, and everything published after it is
+        # queued behind it. (Taken after the replay, a part could run ahead of a
+        # checkpoint still queued, and a frontend would see the step's text before the
+        # tool result it follows.)
+        live = self.fanout.live_parts(self.session_id)
         yield frames.retry(self.config.retry_ms)
         self.last = self.cursor = await _last_sequence(self.database, self.session_id)
         if self.after is not None and self.after > self.last:
             yield frames.reset("cursor_ahead")
             self.after = None
+        # The revision of each message the replay sent.
+        replayed: dict[uuid.UUID, int] = {}
         if self.after is not None:
-            async for chunk in self.changed(self.after, self.last):
+            async for chunk in self.changed(self.after, self.last, replayed):
                 yield chunk
-        for projection, parts in self.fanout.live_parts(self.session_id):
+        for projection, parts in live:
+            if replayed.get(projection.message_id, 0) > projection.revision:
+                continue  # a later checkpoint of the message replaced them
             for part in parts:
                 self.sent[part["part_id"]] = text_units(part)
                 yield frames.part_mutation(
@@ -298,9 +309,19 @@ class MutationView:
             return item.mutation_frame
         return None
 
-    def changed(self, after: int, upto: int | None) -> AsyncIterator[bytes]:
+    def changed(
+        self,
+        after: int,
+        upto: int | None,
+        revisions: dict[uuid.UUID, int] | None = None,
+    ) -> AsyncIterator[bytes]:
         return _changed_messages(
-            self.database, self.session_id, after, upto, self.include_internal
+            self.database,
+            self.session_id,
+            after,
+            upto,
+            self.include_internal,
+            revisions,
         )
 
     async def resync(self) -> AsyncIterator[bytes]:
@@ -467,10 +488,11 @@ async def _changed_messages(
     after: int,
     upto: int | None,
     include_internal: bool,
+    revisions: dict[uuid.UUID, int] | None = None,
 ) -> AsyncIterator[bytes]:
     """What changed in (after, upto], in sequence order: the latest snapshot of each
     message changed (not its history), and the `turn` and `session` Mutations of the
-    events between."""
+    events between. `revisions` is given each message's revision sent."""
     async with database.read() as db:
         stmt = select(*MUTATION_COLUMNS).where(
             models.Message.session_id == session_id,
@@ -493,6 +515,8 @@ async def _changed_messages(
     changes: list[tuple[int, int, bytes]] = [
         (row.changed_sequence, SNAPSHOT, message_frame(session_id, row)) for row in rows
     ]
+    if revisions is not None:
+        revisions.update((row.id, row.revision) for row in rows)
     for sequence, event_type, body in event_rows:
         mutation = frames.event_mutation(session_id, event_type, body)
         if mutation is not None:
