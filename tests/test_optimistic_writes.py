@@ -6,6 +6,7 @@ written and the unit runs again, locking: the answers and the stored rows are ex
 what a locking unit would have produced."""
 
 import asyncio
+import copy
 import uuid
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from sqlalchemy import text
 
 from app.db.batch import CheckpointBatcher
-from app.db.rows import LockedSession, SessionChanged, SessionHeads
+from app.db.rows import LockedSession, SessionChanged, SessionHeads, StaleMessage
 from app.db.session import Database
 from app.errors import SessionNotFound
 from app.ids import DEFAULT_ORG_ID
@@ -366,6 +367,132 @@ async def test_a_unit_that_does_more_locks_the_row_it_assumed(
         async with first.write(optimistic=True) as db:
             await steer_then_read(db)
     assert (await stored(first, sid))["visible"] == 3
+
+
+async def dense_and_known(handle: Database, sid: uuid.UUID) -> dict[str, Any]:
+    """The stored row, after checking its events are dense and the process's head is
+    the row as stored."""
+    row = await stored(handle, sid)
+    assert row["events"] == list(range(1, row["last_sequence"] + 1))
+    known = head(handle, sid)
+    assert known is not None
+    assert known.last_sequence == row["last_sequence"]
+    return row
+
+
+@pytest.mark.postgres_only
+async def test_a_sessions_next_unit_assumes_what_the_one_before_will_write(
+    handles: tuple[Database, Database], optimistic: list[str]
+) -> None:
+    """Two steering messages of one session at once, in one process: the second unit
+    assumes the row as the first one's checkpoint, still on its way, will leave it,
+    and goes in the next batch. Both are written optimistically."""
+    first, _ = handles
+    sid = await new_session_row(first)
+    await post(first, sid, "start")
+    one, two = await asyncio.gather(post(first, sid, "one"), post(first, sid, "two"))
+    assert optimistic == ["written", "written"]
+    assert {one["delivery"], two["delivery"]} == {"steered"}
+    assert abs(one["sequence"] - two["sequence"]) == 1
+    assert (await dense_and_known(first, sid))["visible"] == 3
+
+
+@pytest.mark.postgres_only
+async def test_a_unit_that_does_not_commit_takes_back_the_head_it_announced(
+    handles: tuple[Database, Database], optimistic: list[str]
+) -> None:
+    """A unit whose checkpoint was handed over and then failed: the head it set for
+    the session's next unit is dropped, and the next unit locks."""
+    first, second = handles
+    sid = await new_session_row(first)
+    await post(first, sid, "start")
+    # Another process moves the row: this process's next optimistic unit fails.
+    await post(second, sid, "elsewhere")
+    answer = await post(first, sid, "stale head")
+    assert answer["delivery"] == "steered"
+    assert optimistic == ["changed"]
+    # The locking rerun left the head as it wrote the row.
+    await dense_and_known(first, sid)
+
+
+async def open_agent_message(handle: Database, sid: uuid.UUID) -> Any:
+    """A streaming agent message of the session's running turn, opened under the lock."""
+    async with handle.write() as db:
+        session = await lock_session(db, sid)
+        assert session is not None
+        assert session.active_turn_id is not None
+        opened = await checkpoint.open_agent_message(
+            db, session, turn_id=session.active_turn_id
+        )
+    assert opened.message is not None
+    return opened.message
+
+
+async def step(
+    handle: Database, sid: uuid.UUID, message: Any, text_: str, optimistic: bool
+) -> Any:
+    """A model step's checkpoint of `message` (a copy of it is written)."""
+    written = copy.copy(message)
+    async with handle.write(optimistic=optimistic) as db:
+        session = await lock_session(db, sid)
+        assert session is not None
+        await checkpoint.commit_step(
+            db,
+            session,
+            written,
+            step_id="step_1",
+            parts=[{"type": "text", "text": text_}],
+        )
+    return written
+
+
+async def stored_message(handle: Database, message_id: uuid.UUID) -> Any:
+    async with handle.write() as db:
+        return await db.message(message_id)
+
+
+@pytest.mark.postgres_only
+async def test_a_message_updated_as_assumed_is_written_in_the_group_commit(
+    handles: tuple[Database, Database], optimistic: list[str]
+) -> None:
+    first, _ = handles
+    sid = await new_session_row(first)
+    await post(first, sid, "start")
+    opened = await open_agent_message(first, sid)
+    written = await step(first, sid, opened, "an answer", optimistic=True)
+    assert optimistic == ["written"]
+    assert written.revision == opened.revision + 1
+    stored_row = await stored_message(first, opened.id)
+    assert stored_row.revision == written.revision
+    assert stored_row.snapshot == written.snapshot
+    assert stored_row.changed_sequence == written.changed_sequence
+    assert [p.get("text") for p in stored_row.content] == ["an answer"]
+    row = await dense_and_known(first, sid)
+    assert row["last_sequence"] == written.changed_sequence
+
+
+@pytest.mark.postgres_only
+async def test_a_message_changed_under_its_copy_is_not_written_over(
+    handles: tuple[Database, Database], optimistic: list[str]
+) -> None:
+    """The head is this process's own newest, but the message copy is older than the
+    stored message: the group commit writes nothing of the checkpoint (the session
+    row included), and under the lock the stale copy is refused."""
+    first, _ = handles
+    sid = await new_session_row(first)
+    await post(first, sid, "start")
+    opened = await open_agent_message(first, sid)
+    await step(first, sid, opened, "the newer answer", optimistic=False)
+    before = await stored(first, sid)
+    with pytest.raises(SessionChanged):
+        await step(first, sid, opened, "from a stale copy", optimistic=True)
+    assert optimistic == ["changed"]
+    assert await stored(first, sid) == before
+    stored_row = await stored_message(first, opened.id)
+    assert [p.get("text") for p in stored_row.content] == ["the newer answer"]
+    with pytest.raises(StaleMessage):
+        await step(first, sid, opened, "from a stale copy", optimistic=False)
+    assert await stored(first, sid) == before
 
 
 @pytest.mark.postgres_only

@@ -10,8 +10,9 @@ NOTIFYing transactions never share a WAL flush) for many checkpoints; with nothi
 flight a checkpoint goes at once, alone.
 
 Each checkpoint of a batch is written or not on its own (its session row held as
-assumed, its client_message_id free); a batch whose statement fails wrote nothing,
-and each of its units runs again, locking.
+assumed; a new message's client_message_id free, an updated message at the revision
+before its own); a batch whose statement fails wrote nothing, and each of its units
+runs again, locking.
 """
 
 import asyncio
@@ -42,8 +43,14 @@ MAX_BATCH = 64
 
 # The sessions first: a row is written only if every column the head assumed still holds
 # (the UPDATE waits for a concurrent writer's lock and then checks the row as that
-# writer left it) and the message's client_message_id is not taken. Then the messages,
-# events and NOTIFYs of the sessions written.
+# writer left it) and its message is as assumed: its client_message_id not taken by
+# another, and an updated one still at the revision before its own (`was_revision`,
+# null for a new one; every other writer of a message writes its session row too, so
+# a message that changed under a statement fails its session's check first). The
+# revision is a subquery per checkpoint, on the primary key: as a join the planner may
+# hash the whole table while it believes it small (a new database, before its first
+# ANALYZE). Then the messages inserted and updated, the events and the NOTIFYs of the
+# sessions written.
 _SESSION_ARRAYS = ",\n        ".join(
     [
         *(f":was_{c.name}::{c.pg_type}[]" for c in SESSION_ROW),
@@ -61,9 +68,9 @@ WITH c AS (
         :session_id::uuid[],
         {_SESSION_ARRAYS},
         :started_at::timestamptz[], :finished_at::timestamptz[], :now::timestamptz[],
-        :client_message_id::text[])
+        :client_message_id::text[], :message_id::uuid[], :was_revision::integer[])
     AS c(session_id, {_SESSION_NAMES},
-        started_at, finished_at, now, client_message_id)
+        started_at, finished_at, now, client_message_id, message_id, was_revision)
 ),
 s AS (
     UPDATE sessions AS t SET
@@ -75,6 +82,8 @@ s AS (
             SELECT 1 FROM messages AS taken
             WHERE taken.session_id = c.session_id
                 AND taken.client_message_id = c.client_message_id)
+        AND (SELECT moved.revision FROM messages AS moved
+            WHERE moved.id = c.message_id) IS NOT DISTINCT FROM c.was_revision
     RETURNING t.id
 ),
 m AS (
@@ -91,6 +100,24 @@ m AS (
             client_message_id, content, extra, snapshot, changed_sequence,
             created_at, updated_at, search_text)
     WHERE x.session_id IN (SELECT id FROM s)
+        AND x.id IN (SELECT message_id FROM c WHERE was_revision IS NULL)
+),
+u AS (
+    UPDATE messages AS t SET
+        state = x.state, revision = x.revision, content = x.content, extra = x.extra,
+        snapshot = x.snapshot, changed_sequence = x.changed_sequence,
+        updated_at = x.updated_at, search_text = x.search_text
+    FROM unnest(
+        :message_id::uuid[], :session_id::uuid[], :state::text[], :revision::integer[],
+        :content::jsonb[], :extra::jsonb[], :snapshot::text[],
+        :changed_sequence::integer[], :updated_at::timestamptz[], :search_text::text[],
+        :was_revision::integer[])
+        AS x(id, session_id, state, revision, content, extra, snapshot,
+            changed_sequence, updated_at, search_text, was_revision)
+    WHERE t.id = x.id
+        AND x.was_revision IS NOT NULL
+        AND t.revision = x.was_revision
+        AND x.session_id IN (SELECT id FROM s)
 ),
 e AS (
     INSERT INTO events (id, session_id, sequence, type, turn_id, created_at, body)
@@ -139,8 +166,10 @@ def _columns(batch: Sequence[Optimistic]) -> dict[str, list[Any]]:
         columns["now"].append(item.now)
         columns["client_message_id"].append(message.client_message_id)
         # One message per checkpoint, of its session: it shares the session's
-        # `session_id` and `client_message_id` columns.
+        # `session_id` and `client_message_id` columns; inserted (`was_revision`
+        # null) or updated.
         columns["message_id"].append(message.id)
+        columns["was_revision"].append(None if item.inserted else message.revision - 1)
         for name in MESSAGE_FIELDS:
             columns[name].append(getattr(message, name))
         columns["content"].append(orjson.dumps(message.content).decode())

@@ -97,7 +97,7 @@ class PgWrite(Write):
                     deferred.session,
                     deferred.now,
                     deferred.message,
-                    "insert",
+                    "insert" if deferred.inserted else "update",
                     deferred.events,
                     started=deferred.started,
                     finished=deferred.finished,
@@ -165,27 +165,34 @@ class PgWrite(Write):
         kind = None if message is None else "insert" if inserted else "update"
         if (
             message is not None
-            and kind == "insert"
             and not self._begun
             and self._deferred is None
             and session.id in self._assumed
         ):
-            # Only a new message goes optimistic: it cannot be stale, so the session
-            # row is all the checkpoint assumes.
+            # A checkpoint of one message goes optimistic: it assumes the session row
+            # as its head, and an updated message at the revision before its own.
+            written = self.written[session.id] = session.copy()
             self._deferred = Optimistic(
                 self._assumed[session.id],
-                session.copy(),
+                written,
                 now,
                 message,
                 list(events),
                 started,
                 finished,
+                inserted=kind == "insert",
             )
+            # The session's next unit assumes the row as this one will leave it, and
+            # goes in a later batch: it is written if this one was (a unit that assumed
+            # the row as it is now would find it changed by this one).
+            assert self._heads is not None
+            self._heads.put(written)
+            self.pending.add(session.id)
         else:
             await self._save_locked(
                 session, now, message, kind, events, started=started, finished=finished
             )
-        self.written[session.id] = session.copy()
+            self.written[session.id] = session.copy()
 
     async def _save_locked(
         self,

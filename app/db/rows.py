@@ -77,7 +77,7 @@ class EventRow:
 @dataclass(slots=True)
 class Optimistic:
     """A checkpoint of a session row assumed as `head`, to be written as `session`
-    (PostgreSQL; see app.db.batch)."""
+    with its message (PostgreSQL; see app.db.batch)."""
 
     head: LockedSession
     session: LockedSession
@@ -88,6 +88,8 @@ class Optimistic:
     finished: bool
     # (channel, payload): sent if and only if the checkpoint is written.
     notifications: list[tuple[str, str]] = field(default_factory=list)
+    # A new message; else an update of the stored one, at the revision before its own.
+    inserted: bool = True
 
 
 class StaleMessage(Exception):
@@ -110,8 +112,9 @@ class SessionChanged(Exception):
 
 
 class SessionHeads:
-    """The session rows as this process's own commits left them, newest first out:
-    what an optimistic unit of work assumes instead of locking. A head may be stale
+    """The session rows as this process's own writes leave them (committed, or handed
+    to the group commit and dropped if that fails), newest first out: what an
+    optimistic unit of work assumes instead of locking. A head may be stale
     (another process, or a statement outside the checkpoint path, changed the row):
     the optimistic write checks every column it assumes, so a stale head costs one
     failed statement, never a wrong write."""

@@ -110,8 +110,11 @@ class Database:
                     ("committed",), time.perf_counter() - started
                 )
         except BaseException as exc:
-            if isinstance(exc, SessionChanged) and self.heads is not None:
-                self.heads.discard(exc.session_id)
+            if self.heads is not None:
+                if isinstance(exc, SessionChanged):
+                    self.heads.discard(exc.session_id)
+                for session_id in db.pending:
+                    self.heads.discard(session_id)
             began, started = db.began, time.perf_counter()
             await db.rollback()
             if self.metrics is not None and began:

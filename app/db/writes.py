@@ -15,13 +15,16 @@ AUTOCOMMIT mode, so Core statements of the cold paths (`await db.core()`) run in
 same transaction and SQLAlchemy never begins or commits one of its own.
 
 On PostgreSQL a unit can also be optimistic: `lock_session` then answers from the
-session heads this process committed last (`SessionHeads`) instead of locking, and a
-unit that only writes one new message's checkpoint hands it at commit, with its
-NOTIFYs, to the next batch (`app.db.batch`: one statement and one transaction for the
-checkpoints committed together, each conditional on its row still being what its head
-says). A unit that does anything more locks the row first, as a pessimistic one does.
-If the row changed, nothing is written and the unit raises `SessionChanged`: the caller
-runs it again, pessimistically (`Database.transact`).
+session heads this process wrote last (`SessionHeads`) instead of locking, and a unit
+that only writes one message's checkpoint (a new message, or an update of one at the
+revision it read) hands it at commit, with its NOTIFYs, to the next batch
+(`app.db.batch`: one statement and one transaction for the checkpoints committed
+together, each conditional on its row, and its updated message, still being what it
+assumed). Handing it over sets the session's head as the checkpoint will leave it, so
+the session's next unit goes in the next batch on top of it. A unit that does anything
+more locks the row first, as a pessimistic one does. If the row changed, nothing is
+written and the unit raises `SessionChanged`: the caller runs it again, pessimistically
+(`Database.transact`).
 """
 
 import abc
@@ -53,6 +56,9 @@ class Write(abc.ABC):
         self.outbox = Outbox()
         # The session rows as this unit wrote them (for SessionHeads, once it commits).
         self.written: dict[uuid.UUID, LockedSession] = {}
+        # Sessions whose heads this unit set before it committed (a checkpoint handed
+        # to the group commit): they are dropped if it does not commit.
+        self.pending: set[uuid.UUID] = set()
         self._engine = engine
         # Checked out at the first statement: a request refused before it touches the
         # database never takes a connection from the pool.

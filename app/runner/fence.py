@@ -128,7 +128,6 @@ class Fence:
         *,
         ending: bool = False,
         turn: TurnProgress | None = None,
-        inserting: bool = False,
     ) -> MessageRow | None:
         """Run `write` as one checkpoint of the turn and return the message it wrote.
 
@@ -151,16 +150,16 @@ class Fence:
         Action joined it: `PATCH /v1/sessions/{id}` is its only other writer while the
         turn runs), the checkpoint is written again from the stored message.
 
-        `inserting`: `write` only inserts a new message, which cannot be stale. It is
-        then written optimistically (PostgreSQL: the row assumed as this process's last
-        commit left it, the checkpoint one statement of the group commit, see
-        app.db.batch), and again under the lock if the row was not as assumed."""
+        Written optimistically first (PostgreSQL: the row assumed as this process's
+        last write leaves it, a checkpoint of one message one statement of the group
+        commit, see app.db.batch; a unit that does more locks the row as it goes), and
+        again under the lock if the row or the message was not as assumed."""
         outage = Outage(self.settings.runner_outage_seconds)
         stale = 0
         # Set when a COMMIT went unanswered: what that attempt wrote.
         uncertain = False
         attempted: MessageRow | None = None
-        optimistic = inserting
+        optimistic = True
         while True:
             await self.owned(session_id)
             written: MessageRow | None = None

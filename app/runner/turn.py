@@ -116,7 +116,6 @@ class TurnRun:
                     turn.session_id,
                     turn.turn_id,
                     outcomes.open_write(turn, context.model or context.driver.name),
-                    inserting=True,
                 )
             tool_calls = await self.stream(context)
             if await self.commit_step(tool_calls, last):
