@@ -207,6 +207,50 @@ async def test_a_repeated_client_message_id_is_answered_as_a_duplicate(
 
 
 @pytest.mark.postgres_only
+async def test_a_repeated_client_message_id_fails_its_batch_alone(
+    handles: tuple[Database, Database],
+    optimistic: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A retry that shares its batch with other sessions' messages: the unique
+    constraint fails the statement, the retry alone runs again, locking (and is
+    answered as a duplicate), and the others are written by the next batch."""
+    batches: list[int] = []
+    write = CheckpointBatcher._write
+
+    async def measured(self: CheckpointBatcher, batch: list[Any]) -> None:
+        batches.append(len(batch))
+        await write(self, batch)
+
+    monkeypatch.setattr(CheckpointBatcher, "_write", measured)
+    first, _ = handles
+    sids = [await new_session_row(first) for _ in range(5)]
+    for sid in sids:
+        await post(first, sid, "start")
+    once = await post(first, sids[0], "steer", client_id="retry-1")
+    batches.clear()
+    optimistic.clear()
+    # All five queue before the batch's sender runs: one statement.
+    answers = await asyncio.gather(
+        post(first, sids[1], "ahead"),
+        post(first, sids[0], "steer", client_id="retry-1"),
+        *(
+            post(first, sid, "new", client_id=f"new-{i}")
+            for i, sid in enumerate(sids[2:])
+        ),
+    )
+    assert batches == [5, 4]
+    assert sorted(optimistic) == ["changed", "written", "written", "written", "written"]
+    assert answers[1]["delivery"] == "duplicate"
+    assert answers[1]["id"] == once["id"]
+    assert {a["delivery"] for a in answers[2:]} == {"steered"}
+    for sid in sids:
+        row = await stored(first, sid)
+        assert row["events"] == list(range(1, row["last_sequence"] + 1))
+    assert (await stored(first, sids[0]))["visible"] == 2
+
+
+@pytest.mark.postgres_only
 async def test_a_session_deleted_elsewhere_is_not_found(
     handles: tuple[Database, Database],
 ) -> None:

@@ -10,9 +10,14 @@ NOTIFYing transactions never share a WAL flush) for many checkpoints; with nothi
 flight a checkpoint goes at once, alone.
 
 Each checkpoint of a batch is written or not on its own (its session row held as
-assumed; a new message's client_message_id free, an updated message at the revision
-before its own); a batch whose statement fails wrote nothing, and each of its units
-runs again, locking.
+assumed, an updated message at the revision before its own); a batch whose statement
+fails wrote nothing, and each of its units runs again, locking. A new message whose
+client_message_id its session already holds (a client's retry) fails the statement on
+the unique constraint: its unit alone runs again, locking (and answers the stored
+message), and the rest go in the next batch. The constraint is the check because it
+always reads the unique index: a lookup in the statement could be planned, once and
+for good, through another index of a session's messages while the table was new and
+small, and then scan every message of the session for each checkpoint.
 """
 
 import asyncio
@@ -40,13 +45,21 @@ from app.db.statements import numbered, searchable
 # Checkpoints per statement at most: a bound on its size and on the rows it locks.
 MAX_BATCH = 64
 
+# The unique constraint on a session's client_message_ids, and the batch's messages
+# whose client_message_id their session holds already (read only after a violation).
+CLIENT_ID_CONSTRAINT = "uq_messages_session_id_client_message_id"
+_TAKEN = """
+SELECT m.session_id FROM messages AS m
+JOIN unnest($1::uuid[], $2::text[]) AS x(session_id, client_message_id)
+    ON m.session_id = x.session_id AND m.client_message_id = x.client_message_id"""
+
 
 # The sessions first: a row is written only if every column the head assumed still holds
 # (the UPDATE waits for a concurrent writer's lock and then checks the row as that
-# writer left it) and its message is as assumed: its client_message_id not taken by
-# another, and an updated one still at the revision before its own (`was_revision`,
-# null for a new one; every other writer of a message writes its session row too, so
-# a message that changed under a statement fails its session's check first). The
+# writer left it) and an updated message is still at the revision before its own
+# (`was_revision`, null for a new one; every other writer of a message writes its
+# session row too, so a message that changed under a statement fails its session's
+# check first). The
 # revision is a subquery per checkpoint, on the primary key: as a join the planner may
 # hash the whole table while it believes it small (a new database, before its first
 # ANALYZE). Then the messages inserted and updated, the events and the NOTIFYs of the
@@ -68,9 +81,9 @@ WITH c AS (
         :session_id::uuid[],
         {_SESSION_ARRAYS},
         :started_at::timestamptz[], :finished_at::timestamptz[], :now::timestamptz[],
-        :client_message_id::text[], :message_id::uuid[], :was_revision::integer[])
+        :message_id::uuid[], :was_revision::integer[])
     AS c(session_id, {_SESSION_NAMES},
-        started_at, finished_at, now, client_message_id, message_id, was_revision)
+        started_at, finished_at, now, message_id, was_revision)
 ),
 s AS (
     UPDATE sessions AS t SET
@@ -78,10 +91,6 @@ s AS (
     FROM c
     WHERE t.id = c.session_id
         AND {_UNCHANGED}
-        AND NOT EXISTS (
-            SELECT 1 FROM messages AS taken
-            WHERE taken.session_id = c.session_id
-                AND taken.client_message_id = c.client_message_id)
         AND (SELECT moved.revision FROM messages AS moved
             WHERE moved.id = c.message_id) IS NOT DISTINCT FROM c.was_revision
     RETURNING t.id
@@ -260,6 +269,7 @@ class CheckpointBatcher:
 
     async def _write(self, batch: list[_Queued]) -> None:
         columns = _columns([queued.item for queued in batch])
+        taken: set[uuid.UUID] | None = None
         try:
             async with self._engine.connect() as conn:
                 raw = await conn.get_raw_connection()
@@ -268,6 +278,13 @@ class CheckpointBatcher:
                     row = await driver.fetchrow(
                         _BATCH.text, *(columns[name] for name in _BATCH.names)
                     )
+                except asyncpg.UniqueViolationError as exc:
+                    if exc.constraint_name != CLIENT_ID_CONSTRAINT:
+                        raise
+                    rows = await driver.fetch(
+                        _TAKEN, columns["session_id"], columns["client_message_id"]
+                    )
+                    taken = {session_id for (session_id,) in rows}
                 except PG_UNAVAILABLE:
                     await conn.invalidate()
                     raise
@@ -285,6 +302,9 @@ class CheckpointBatcher:
                 if not queued.done.done():
                     queued.done.set_exception(SessionChanged(queued.item.session.id))
             return
+        if taken is not None:
+            self._retry_untaken(batch, taken)
+            return
         written = set(row[0]) if row is not None else set()
         for queued in batch:
             if queued.done.done():
@@ -293,3 +313,18 @@ class CheckpointBatcher:
                 queued.done.set_result(None)
             else:
                 queued.done.set_exception(SessionChanged(queued.item.session.id))
+
+    def _retry_untaken(self, batch: list[_Queued], taken: set[uuid.UUID]) -> None:
+        """The batch wrote nothing: a new message's client_message_id was taken. Its
+        unit runs again, locking (and answers the message stored); the others go
+        first in the next batch. (None found taken: the row that was is gone again, as
+        a rolled-back writer's; every unit runs again, locking.)"""
+        again: list[_Queued] = []
+        for queued in batch:
+            if queued.done.done():
+                continue
+            if taken and queued.item.session.id not in taken:
+                again.append(queued)
+            else:
+                queued.done.set_exception(SessionChanged(queued.item.session.id))
+        self._queue[:0] = again
