@@ -588,21 +588,21 @@ def assert_rate_limited(response: httpx.Response) -> int:
 async def test_rate_limit_per_key(keyed: RateLimited) -> None:
     one = auth(keyed.key_1)
     two = auth(keyed.key_2)
+    before = await table_rows(keyed.database)
     async with keyed.client() as client:
         for _ in range(3):
             response = await client.get("/v1/sessions", headers=one)
             assert response.status_code == 200, response.text
         retry_after = assert_rate_limited(await client.get("/v1/sessions", headers=one))
         assert retry_after <= 2  # one token at 1 per second
+        # A refused write writes nothing (sent at once: a token comes back each second).
+        response = await client.post("/v1/sessions", json={"title": "x"}, headers=one)
+        assert_rate_limited(response)
+        assert await table_rows(keyed.database) == before
         # Another key, from the same address, has its own bucket.
         for _ in range(3):
             response = await client.get("/v1/sessions", headers=two)
             assert response.status_code == 200, response.text
-        # A refused write writes nothing.
-        before = await table_rows(keyed.database)
-        response = await client.post("/v1/sessions", json={"title": "x"}, headers=one)
-        assert_rate_limited(response)
-        assert await table_rows(keyed.database) == before
         # /health is never limited.
         for _ in range(5):
             assert (await client.get("/health", headers=one)).status_code == 200
