@@ -63,14 +63,14 @@ def live_text(
 
 
 def mutations(
-    state: Any, fanout: Fanout, session_id: uuid.UUID
+    state: Any, fanout: Fanout, session_id: uuid.UUID, after: int | None = 0
 ) -> AsyncIterator[bytes]:
-    """The session's Mutation stream from its start, on `fanout`."""
+    """The session's Mutation stream from `after` (None: no cursor), on `fanout`."""
     return message_mutations(
         database=state.database,
         fanout=fanout,
         session_id=session_id,
-        after=0,
+        after=after,
         include_internal=False,
         config=StreamConfig(retry_ms=100, cycle_seconds=30),
         release=lambda: None,
@@ -96,15 +96,7 @@ async def test_live_items_queue_behind_a_read_and_skip_the_pump_otherwise(
     state = running.app.state.app
     session_id = uuid_of(await create_session(running.client, "fan-out order"))
     fanout = Fanout(state.reads, 100)
-    stream: AsyncIterator[bytes] = message_mutations(
-        database=state.database,
-        fanout=fanout,
-        session_id=session_id,
-        after=None,
-        include_internal=False,
-        config=StreamConfig(retry_ms=100, cycle_seconds=30),
-        release=lambda: None,
-    )
+    stream = mutations(state, fanout, session_id, after=None)
     pending: asyncio.Future[bytes] | None = None
     try:
         assert await asyncio.wait_for(anext(stream), 5) == b"retry: 100\n\n"
@@ -113,19 +105,7 @@ async def test_live_items_queue_behind_a_read_and_skip_the_pump_otherwise(
 
         # A checkpoint commits; its wake-up arrives, then the next step's part and
         # first delta, before the channel has read anything.
-        async with state.database.write() as db:
-            session = await lock_session(db, session_id)
-            assert session is not None
-            await checkpoint.append_user_message(
-                db,
-                session,
-                content=[{"type": "text", "text": "hello"}],
-                visibility="visible",
-                extra={},
-                client_message_id=None,
-                start_turn=False,
-            )
-            sequence = session.last_sequence
+        sequence = (await append(state, session_id, "hello")).changed_sequence
         message_id = uuid7()
         fanout.deliver(Wakeup(session_id, sequence))
         fanout.deliver(

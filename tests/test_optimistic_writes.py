@@ -63,6 +63,20 @@ def optimistic(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return outcomes
 
 
+@pytest.fixture
+def batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of each batch written, in order."""
+    sizes: list[int] = []
+    write = CheckpointBatcher._write
+
+    async def measured(self: CheckpointBatcher, batch: list[Any]) -> None:
+        sizes.append(len(batch))
+        await write(self, batch)
+
+    monkeypatch.setattr(CheckpointBatcher, "_write", measured)
+    return sizes
+
+
 async def post(
     handle: Database, session_id: uuid.UUID, said: str, client_id: str | None = None
 ) -> dict[str, Any]:
@@ -208,21 +222,11 @@ async def test_a_repeated_client_message_id_is_answered_as_a_duplicate(
 
 @pytest.mark.postgres_only
 async def test_a_repeated_client_message_id_fails_its_batch_alone(
-    handles: tuple[Database, Database],
-    optimistic: list[str],
-    monkeypatch: pytest.MonkeyPatch,
+    handles: tuple[Database, Database], optimistic: list[str], batches: list[int]
 ) -> None:
     """A retry that shares its batch with other sessions' messages: the unique
     constraint fails the statement, the retry alone runs again, locking (and is
     answered as a duplicate), and the others are written by the next batch."""
-    batches: list[int] = []
-    write = CheckpointBatcher._write
-
-    async def measured(self: CheckpointBatcher, batch: list[Any]) -> None:
-        batches.append(len(batch))
-        await write(self, batch)
-
-    monkeypatch.setattr(CheckpointBatcher, "_write", measured)
     first, _ = handles
     sids = [await new_session_row(first) for _ in range(5)]
     for sid in sids:
@@ -332,19 +336,11 @@ def test_wakeups_say_whether_they_are_quiet() -> None:
 
 @pytest.mark.postgres_only
 async def test_concurrent_writers_of_two_processes_share_batches_and_lose_nothing(
-    handles: tuple[Database, Database], monkeypatch: pytest.MonkeyPatch
+    handles: tuple[Database, Database], batches: list[int]
 ) -> None:
     """Steering messages posted at once, to the same sessions, from two processes:
     checkpoints share statements (one per session per batch), and every message is
     stored once, at its own sequence, with the events dense."""
-    sizes: list[int] = []
-    write = CheckpointBatcher._write
-
-    async def measured(self: CheckpointBatcher, batch: list[Any]) -> None:
-        sizes.append(len(batch))
-        await write(self, batch)
-
-    monkeypatch.setattr(CheckpointBatcher, "_write", measured)
     first, second = handles
     sessions = [await new_session_row(first) for _ in range(6)]
     for sid in sessions:
@@ -358,7 +354,7 @@ async def test_concurrent_writers_of_two_processes_share_batches_and_lose_nothin
         )
     )
     assert {a["delivery"] for a in answers} == {"steered"}
-    assert max(sizes) > 1
+    assert max(batches) > 1
     for sid in sessions:
         mine = sorted(
             a["sequence"] for a in answers if a["session_id"] == f"session_{sid.hex}"

@@ -59,10 +59,9 @@ JOIN unnest($1::uuid[], $2::text[]) AS x(session_id, client_message_id)
 # writer left it) and an updated message is still at the revision before its own
 # (`was_revision`, null for a new one; every other writer of a message writes its
 # session row too, so a message that changed under a statement fails its session's
-# check first). The
-# revision is a subquery per checkpoint, on the primary key: as a join the planner may
-# hash the whole table while it believes it small (a new database, before its first
-# ANALYZE). Then the messages inserted and updated, the events and the NOTIFYs of the
+# check first). The revision is a subquery per checkpoint, on the primary key: as a
+# join the planner may hash the whole table while it believes it small (a new
+# database, before its first ANALYZE). Then the messages inserted and updated, the events and the NOTIFYs of the
 # sessions written.
 _SESSION_ARRAYS = ",\n        ".join(
     [

@@ -237,8 +237,6 @@ class MutationView:
         self.sent: dict[str, int] = {}
 
     async def start(self) -> AsyncIterator[bytes]:
-        # First, before any read: the reconnection time, and the sign that the stream
-        # is subscribed (whatever commits from now on reaches it).
         # The live parts as they stand at subscription, taken before any read: each
         # builds on a revision of its message that committed before it was published,
         # so the replay read next covers it, and everything published after it is
@@ -246,6 +244,8 @@ class MutationView:
         # checkpoint still queued, and a frontend would see the step's text before the
         # tool result it follows.)
         live = self.fanout.live_parts(self.session_id)
+        # First, before any read: the reconnection time, and the sign that the stream
+        # is subscribed (whatever commits from now on reaches it).
         yield frames.retry(self.config.retry_ms)
         self.last = self.cursor = await _last_sequence(self.database, self.session_id)
         if self.after is not None and self.after > self.last:

@@ -101,7 +101,9 @@ class History:
         requested (read first: a cancel that commits after it is seen at the step's
         checkpoint; `session`, when the caller has just read it). Read through the
         session's window: what changed since its previous step."""
-        window = self.windows.setdefault(session_id, queries.Window())
+        window = self.windows.get(session_id)
+        if window is None:
+            window = self.windows[session_id] = queries.Window()
         recent = await queries.recent_messages(
             self.database, session_id, HISTORY_FOR_MODEL, session, window
         )
