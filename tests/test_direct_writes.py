@@ -15,13 +15,15 @@ from typing import Any
 
 import pytest
 
+from app.live import frames
 from app.live.fanout import Channel, Fanout
-from app.live.items import TextDelta
+from app.live.items import PartStarted, TextDelta
 from app.live.outputs import DeltaOut, MessageOut, PartOut
 from app.live.response import EventStreamResponse
 from app.live.streams import StreamConfig, message_mutations, upstream_events
 from app.live.subscription import Subscription
 from app.live.writer import StreamWriter
+from tests.support.live import text_delta
 
 PART = "agent-text:1"
 
@@ -226,3 +228,42 @@ async def test_a_client_that_stops_reading_is_dropped_after_the_send_timeout() -
         assert fanout.count(deltas.session_id) == 0
     finally:
         await fanout.close()
+
+
+async def test_a_session_with_no_stream_here_is_projected_without_frames(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every streaming message is projected (a stream that opens later starts from its
+    live parts), but frames are made only for a session with a stream here: a delta
+    nobody here watches costs no encoding."""
+    made: list[str] = []
+    for name in ("part_mutation", "delta_mutation"):
+        encode = getattr(frames, name)
+
+        def counted(*args: Any, _name: str = name, _encode: Any = encode) -> bytes:
+            made.append(_name)
+            return bytes(_encode(*args))
+
+        monkeypatch.setattr(frames, name, counted)
+    fanout = Fanout(Statements(), queue_size=1000)  # type: ignore[arg-type]
+    session_id, message_id = uuid.uuid4(), uuid.uuid4()
+    fanout.deliver(
+        PartStarted(
+            session_id,
+            message_id,
+            1,
+            None,
+            {"type": "text", "part_id": PART, "text": ""},
+        )
+    )
+    for offset, word in enumerate("abc"):
+        fanout.deliver(text_delta(session_id, message_id, offset, word))
+    assert made == []
+    [(_, parts)] = fanout.live_parts(session_id)
+    assert parts[0]["text"] == "abc"
+    sub = fanout.subscribe(session_id)
+    try:
+        fanout.deliver(text_delta(session_id, message_id, 3, "d"))
+        assert made == ["delta_mutation"]
+    finally:
+        fanout.unsubscribe(sub)

@@ -7,14 +7,19 @@ what a locking unit would have produced."""
 
 import asyncio
 import copy
+import os
 import uuid
 from typing import Any
 
+import asyncpg
 import orjson
 import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import create_async_engine
 
-from app.db.batch import CheckpointBatcher
+from app.db.batch import _BATCH, CheckpointBatcher
+from app.db.migrate import upgrade
 from app.db.rows import LockedSession, SessionChanged, SessionHeads, StaleMessage
 from app.db.session import Database
 from app.errors import SessionNotFound
@@ -25,9 +30,10 @@ from app.live.bus import decode, encode
 from app.live.items import Wakeup
 from app.messages import schemas, service
 from app.sessions import service as sessions_service
-from app.settings import Settings
+from app.settings import Settings, normalize_database_url
 from tests.support.database import new_session_row
 from tests.support.in_process import running_app
+from tests.support.lanes import PG_URL
 
 
 @pytest.fixture
@@ -557,3 +563,53 @@ async def test_a_message_row_within_a_page_is_stored_as_written(
         ).one()
     assert row[2] > 700
     assert row[:2] == (None, None)
+
+
+@pytest.mark.postgres_only
+async def test_a_batch_reaches_each_session_by_its_primary_key_on_a_new_database() -> (
+    None
+):
+    """A new database, before its first ANALYZE: the group commit's generic plan finds
+    each session row through the primary key, not through an index of its
+    organization's sessions (which it would walk whole for every checkpoint)."""
+    assert PG_URL is not None
+    base = make_url(normalize_database_url(PG_URL))
+    name = f"evermirror_plan_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+
+    async def admin(sql: str) -> None:
+        engine = create_async_engine(base, isolation_level="AUTOCOMMIT")
+        try:
+            async with engine.connect() as conn:
+                await conn.execute(text(sql))
+        finally:
+            await engine.dispose()
+
+    await admin(f'CREATE DATABASE "{name}"')
+    try:
+        url = base.set(database=name)
+        await asyncio.to_thread(upgrade, url.render_as_string(hide_password=False))
+        conn = await asyncpg.connect(
+            url.set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        try:
+            # One organization's sessions, as the bench and a busy tenant have them.
+            await conn.execute(
+                "INSERT INTO sessions (id, organization_id, status, tags, attributes,"
+                " last_sequence, visible_message_count, internal_message_count,"
+                " created_at, updated_at, last_activity_at)"
+                " SELECT gen_random_uuid(), $1, 'idle', '[]', '{}', 0, 0, 0, now(),"
+                " now(), now() FROM generate_series(1, 64)",
+                DEFAULT_ORG_ID,
+            )
+            await conn.execute("SET plan_cache_mode = force_generic_plan")
+            await conn.execute(f"PREPARE batch AS {_BATCH.text}")
+            nulls = ", ".join(["NULL"] * len(_BATCH.names))
+            plan = "\n".join(
+                row[0] for row in await conn.fetch(f"EXPLAIN EXECUTE batch({nulls})")
+            )
+        finally:
+            await conn.close()
+    finally:
+        await admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    assert "Index Scan using pk_sessions on sessions" in plan, plan
+    assert "organization" not in plan, plan

@@ -34,9 +34,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db.engine import PG_UNAVAILABLE
 from app.db.rows import Optimistic, SessionChanged
 from app.db.session_row import (
-    ASSUMED,
-    SESSION_ROW,
     WRITTEN,
+    WRITTEN_COLUMNS,
     assignments,
     unchanged,
 )
@@ -61,15 +60,15 @@ JOIN unnest($1::uuid[], $2::text[]) AS x(session_id, client_message_id)
 # session row too, so a message that changed under a statement fails its session's
 # check first). The revision is a subquery per checkpoint, on the primary key: as a
 # join the planner may hash the whole table while it believes it small (a new
-# database, before its first ANALYZE). Then the messages inserted and updated, the events and the NOTIFYs of the
-# sessions written.
+# database, before its first ANALYZE). Then the messages inserted and updated, the
+# events and the NOTIFYs of the sessions written.
 _SESSION_ARRAYS = ",\n        ".join(
     [
-        *(f":was_{c.name}::{c.pg_type}[]" for c in SESSION_ROW),
-        *(f":{c.name}::{c.pg_type}[]" for c in SESSION_ROW if c.write is not None),
+        *(f":was_{c.name}::{c.pg_type}[]" for c in WRITTEN_COLUMNS),
+        *(f":{c.name}::{c.pg_type}[]" for c in WRITTEN_COLUMNS),
     ]
 )
-_SESSION_NAMES = ",\n        ".join([*(f"was_{name}" for name in ASSUMED), *WRITTEN])
+_SESSION_NAMES = ",\n        ".join([*(f"was_{name}" for name in WRITTEN), *WRITTEN])
 
 _ASSIGNMENTS = assignments("c.{name}", "t.", indent=8)
 _UNCHANGED = unchanged("t", "c")
@@ -164,9 +163,8 @@ def _columns(batch: Sequence[Optimistic]) -> dict[str, list[Any]]:
     columns: dict[str, list[Any]] = {name: [] for name in _BATCH.names}
     for item in batch:
         head, session, message = item.head, item.session, item.message
-        for name in ASSUMED:
-            columns["was_" + name].append(getattr(head, name))
         for name in WRITTEN:
+            columns["was_" + name].append(getattr(head, name))
             columns[name].append(getattr(session, name))
         columns["session_id"].append(session.id)
         columns["started_at"].append(item.now if item.started else None)

@@ -58,10 +58,12 @@ assert (
     == tuple(f.name for f in fields(LockedSession))[1:]
 ), "SESSION_ROW follows LockedSession's fields"
 
-# The columns a group-committed checkpoint assumes (as `was_<name>`) and writes.
-ASSUMED = tuple(c.name for c in SESSION_ROW)
-WRITTEN = tuple(c.name for c in SESSION_ROW if c.write is not None)
-_WRITTEN = tuple(c for c in SESSION_ROW if c.write is not None)
+# The columns a checkpoint writes: those a group-committed one also assumes (as
+# `was_<name>`) still hold what it read. A column no checkpoint writes (the
+# organization) cannot have changed under it; comparing it too let the planner reach
+# the row through the organization's index, walking all its sessions per checkpoint.
+WRITTEN_COLUMNS = tuple(c for c in SESSION_ROW if c.write is not None)
+WRITTEN = tuple(c.name for c in WRITTEN_COLUMNS)
 
 # Written with every checkpoint, from the unit's clock and what it did.
 STAMPS = (
@@ -83,7 +85,7 @@ def assignments(value: str, table: str = "", indent: int = 4) -> str:
     `{name}`), then the stamps."""
     written = [
         f"{c.target or c.name} = {c.writer(value.format(name=c.name), table)}"
-        for c in _WRITTEN
+        for c in WRITTEN_COLUMNS
     ]
     stamps = [
         stamp.format(
@@ -104,11 +106,11 @@ UPDATE_SESSION = (
 
 def unchanged(row: str, assumed: str) -> str:
     """The conditions under which the row `row` is still as `assumed` (a relation with
-    `was_<name>` columns) says."""
+    a `was_<name>` column for each written column) says."""
     return "\n        AND ".join(
         f"{c.reader(row + '.')} "
         f"{'IS NOT DISTINCT FROM' if c.nullable else '='} {assumed}.was_{c.name}"
-        for c in SESSION_ROW
+        for c in WRITTEN_COLUMNS
     )
 
 

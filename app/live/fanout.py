@@ -177,7 +177,11 @@ class Fanout:
                 ),
             )
         elif isinstance(item, TextDelta | PartStarted | StepEnded):
-            out = self._project(item)
+            # Every streaming message is projected (a stream that opens later starts
+            # from its live parts); its frames are made only for a session with
+            # streams here.
+            encode = item.session_id in self.channels
+            out = self._project(item, encode)
             if out is not None:
                 self._to_channel(item.session_id, out)
         elif isinstance(item, Wakeup):
@@ -211,9 +215,12 @@ class Fanout:
             if len(channel.live) == 1:
                 asyncio.get_running_loop().call_soon(channel.flush)
 
-    def _project(self, item: PartStarted | TextDelta | StepEnded) -> Out | None:
+    def _project(
+        self, item: PartStarted | TextDelta | StepEnded, encode: bool = True
+    ) -> Out | None:
         """Apply a live item to the projection. Returns what subscribers get (a delta
-        trimmed of text the projection already has), or None to drop it."""
+        trimmed of text the projection already has), or None to drop it (or, unless
+        `encode`, once it is applied)."""
         if isinstance(item, StepEnded):
             self.projections.pop(item.message_id, None)
             return None
@@ -230,6 +237,8 @@ class Fanout:
             # The part as it stands now replaces what its deltas had added.
             projection.chunks.pop(part_id, None)
             units = projection.units[part_id] = text_units(part)
+            if not encode:
+                return None
             return PartOut(
                 part_id,
                 units,
@@ -257,6 +266,8 @@ class Fanout:
             text = projection.chunks[item.part_id] = Text()
         count = text.append(delta.text)
         end = projection.units[item.part_id] = delta.offset + length
+        if not encode:
+            return None
         start = known_part.get(text_key(known_part), "")
         retry_ms = self.retry_ms
 
