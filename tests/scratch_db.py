@@ -59,27 +59,40 @@ async def create_key(database_url: str, org: str) -> str:
     return key
 
 
-def create(args: argparse.Namespace) -> int:
-    database_url = (
-        _postgresql_database()
-        if args.postgresql
-        else f"sqlite+aiosqlite:///{args.sqlite}"
-    )
+def new_postgresql_database() -> str:
+    """A migrated PostgreSQL database of its own beside TEST_DATABASE_URL: its URL
+    (`drop_database` drops it)."""
+    database_url = _postgresql_database()
     upgrade(database_url)
+    return database_url
+
+
+def drop_database(database_url: str) -> None:
+    """Drop a scratch PostgreSQL database (nothing for a SQLite file, which goes with
+    its temporary directory)."""
+    url = make_url(normalize_database_url(database_url))
+    if url.get_backend_name() != "postgresql":
+        return
+    name = url.database
+    if not (name and name.startswith("evermirror_scratch_")):
+        raise SystemExit(f"refusing to drop {name!r}: not a scratch database")
+    admin = url.set(database="postgres").render_as_string(hide_password=False)
+    asyncio.run(_admin(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def create(args: argparse.Namespace) -> int:
+    if args.postgresql:
+        database_url = new_postgresql_database()
+    else:
+        database_url = f"sqlite+aiosqlite:///{args.sqlite}"
+        upgrade(database_url)
     key = asyncio.run(create_key(database_url, args.key_org)) if args.key_org else None
     print(json.dumps({"database_url": database_url, "api_key": key}))
     return 0
 
 
 def drop(args: argparse.Namespace) -> int:
-    url = make_url(normalize_database_url(args.url))
-    if url.get_backend_name() != "postgresql":
-        return 0  # a SQLite file goes with its temporary directory
-    name = url.database
-    if not (name and name.startswith("evermirror_scratch_")):
-        raise SystemExit(f"refusing to drop {name!r}: not a scratch database")
-    admin = url.set(database="postgres").render_as_string(hide_password=False)
-    asyncio.run(_admin(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    drop_database(args.url)
     return 0
 
 

@@ -7,7 +7,6 @@ what a locking unit would have produced."""
 
 import asyncio
 import copy
-import os
 import uuid
 from typing import Any
 
@@ -16,10 +15,8 @@ import orjson
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.db.batch import _BATCH, CheckpointBatcher
-from app.db.migrate import upgrade
 from app.db.rows import LockedSession, SessionChanged, SessionHeads, StaleMessage
 from app.db.session import Database
 from app.errors import SessionNotFound
@@ -30,10 +27,10 @@ from app.live.bus import decode, encode
 from app.live.items import Wakeup
 from app.messages import schemas, service
 from app.sessions import service as sessions_service
-from app.settings import Settings, normalize_database_url
+from app.settings import Settings
+from tests import scratch_db
 from tests.support.database import new_session_row
 from tests.support.in_process import running_app
-from tests.support.lanes import PG_URL
 
 
 @pytest.fixture
@@ -572,24 +569,12 @@ async def test_a_batch_reaches_each_session_by_its_primary_key_on_a_new_database
     """A new database, before its first ANALYZE: the group commit's generic plan finds
     each session row through the primary key, not through an index of its
     organization's sessions (which it would walk whole for every checkpoint)."""
-    assert PG_URL is not None
-    base = make_url(normalize_database_url(PG_URL))
-    name = f"evermirror_plan_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-
-    async def admin(sql: str) -> None:
-        engine = create_async_engine(base, isolation_level="AUTOCOMMIT")
-        try:
-            async with engine.connect() as conn:
-                await conn.execute(text(sql))
-        finally:
-            await engine.dispose()
-
-    await admin(f'CREATE DATABASE "{name}"')
+    url = await asyncio.to_thread(scratch_db.new_postgresql_database)
     try:
-        url = base.set(database=name)
-        await asyncio.to_thread(upgrade, url.render_as_string(hide_password=False))
         conn = await asyncpg.connect(
-            url.set(drivername="postgresql").render_as_string(hide_password=False)
+            make_url(url)
+            .set(drivername="postgresql")
+            .render_as_string(hide_password=False)
         )
         try:
             # One organization's sessions, as the bench and a busy tenant have them.
@@ -610,6 +595,6 @@ async def test_a_batch_reaches_each_session_by_its_primary_key_on_a_new_database
         finally:
             await conn.close()
     finally:
-        await admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await asyncio.to_thread(scratch_db.drop_database, url)
     assert "Index Scan using pk_sessions on sessions" in plan, plan
     assert "organization" not in plan, plan

@@ -216,7 +216,7 @@ class Fanout:
                 asyncio.get_running_loop().call_soon(channel.flush)
 
     def _project(
-        self, item: PartStarted | TextDelta | StepEnded, encode: bool = True
+        self, item: PartStarted | TextDelta | StepEnded, encode: bool
     ) -> Out | None:
         """Apply a live item to the projection. Returns what subscribers get (a delta
         trimmed of text the projection already has), or None to drop it (or, unless
