@@ -935,6 +935,25 @@ async def test_a_turns_details_come_from_its_events(
     )
 
 
+async def test_opened_turn_details_stay_open_when_the_message_updates(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id = await new_session(api)
+    await post(api, session_id, text_body("/scenario tool tea"))
+    await wait_idle(api, session_id)
+    await open_chat(page, live_server.url, session_id)
+    await wait_converged(page, api, session_id)
+    details = page.locator("#list .turn-details")
+    await details.locator("summary").first.click()
+    await details.locator(".turn-events li").first.wait_for()
+    shown = await details.locator(".turn-events li").count()
+    # Rating the answer renders its message again.
+    await page.locator('#list .rate[data-rating="good"]').click()
+    await page.wait_for_selector('.rate[data-rating="good"][aria-pressed="true"]')
+    assert await details.evaluate("(node) => node.open")
+    assert await details.locator(".turn-events li").count() == shown
+
+
 # ---- branches ----------------------------------------------------------------------------
 
 

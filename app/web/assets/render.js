@@ -516,7 +516,12 @@ export class MessageList {
       children.push(branchNode(message, this.context));
     }
     if (message.role === "agent" && message.state !== "streaming" && message.turn_id && this.context.turnEvents) {
-      children.push(turnDetailsNode(message, this.context));
+      // Kept across updates of the message (a rating, a catch-up's snapshot), so
+      // details someone opened stay open with the events already read.
+      if (entry.turnDetails?.dataset.turnId !== String(message.turn_id)) {
+        entry.turnDetails = turnDetailsNode(message, this.context);
+      }
+      children.push(entry.turnDetails);
     }
     entry.parts = parts;
     node.replaceChildren(...children);
