@@ -516,8 +516,9 @@ export class MessageList {
       children.push(branchNode(message, this.context));
     }
     if (message.role === "agent" && message.state !== "streaming" && message.turn_id && this.context.turnEvents) {
-      // Kept across updates of the message (a rating, a catch-up's snapshot), so
-      // details someone opened stay open with the events already read.
+      // Kept across updates of the message (a rating; every message rendered again
+      // once the key's earlier ratings are read, which may be after the first
+      // render), so details someone opened stay open with the events already read.
       if (entry.turnDetails?.dataset.turnId !== String(message.turn_id)) {
         entry.turnDetails = turnDetailsNode(message, this.context);
       }
