@@ -21,14 +21,14 @@ from app.journal import checkpoint
 from app.journal.sessions import lock_session
 from app.live import streams
 from app.live.fanout import Fanout
-from app.live.items import PartStarted, Wakeup
+from app.live.items import PartStarted, Resync, Wakeup
 from app.live.outputs import EventOut
 from app.live.streams import StreamConfig, message_mutations
 from app.live.subscription import Subscription
 from tests.support.api import create_session, uuid_of
 from tests.support.in_process import Running
 from tests.support.live import text_delta
-from tests.support.sse import frame_names
+from tests.support.sse import frame_names, parse
 from tests.support.waits import wait_until
 
 
@@ -254,6 +254,46 @@ async def test_a_new_stream_leaves_out_live_parts_a_replayed_checkpoint_replaced
         part = chunks[chunks.index(b"event: part") :]
         assert format_id("message", streaming).encode() in part
         assert format_id("message", stored.id).encode() not in part
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+        await fanout.close()
+
+
+async def test_a_resync_ahead_of_a_read_sends_each_snapshot_once(
+    running: Running,
+) -> None:
+    """A resync reaches the stream after a checkpoint committed and before its
+    wake-up's read does (the bus was heard again, or a read failed): the stream's own
+    read sends the message, and the read that follows does not send it again."""
+    state = running.app.state.app
+    session_id = uuid_of(await create_session(running.client, "resync"))
+    fanout = Fanout(state.reads, 100)
+    stream = mutations(state, fanout, session_id, after=0)
+    try:
+        assert await asyncio.wait_for(anext(stream), 5) == b"retry: 100\n\n"
+        pending = asyncio.ensure_future(anext(stream))
+        await parked(fanout, session_id)
+        hello = await append(state, session_id, "hello")
+        fanout.deliver(Resync())
+        fanout.deliver(Wakeup(session_id, hello.changed_sequence))
+        # The next checkpoint marks where the first one's frames end.
+        then = await append(state, session_id, "then")
+        fanout.deliver(Wakeup(session_id, then.changed_sequence))
+        snapshots: list[str] = []
+        chunk = await asyncio.wait_for(pending, 5)
+        while True:
+            snapshots += [
+                f.json()["message"]["id"]
+                for f in parse(chunk.decode())
+                if f.event == "message"
+            ]
+            if format_id("message", then.id) in snapshots:
+                break
+            chunk = await asyncio.wait_for(anext(stream), 5)
+        assert snapshots == [
+            format_id("message", hello.id),
+            format_id("message", then.id),
+        ]
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
         await fanout.close()

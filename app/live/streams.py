@@ -228,10 +228,12 @@ class MutationView:
         self.after = after
         self.include_internal = include_internal
         self.config = config
-        # What the stream had replayed up to when it started, and the newest durable
-        # sequence it has seen since.
-        self.last = 0
+        # The newest durable sequence the stream has seen.
         self.cursor = 0
+        # The sequence up to which the stream's own reads (its replay, a resync, a
+        # catch-up) sent every snapshot and Mutation: the fan-out's for a sequence up
+        # to it, queued behind such a read, would send them again.
+        self.covered = 0
         # UTF-16 code units of each live part this client has been sent, to trim
         # overlaps.
         self.sent: dict[str, int] = {}
@@ -247,15 +249,19 @@ class MutationView:
         # First, before any read: the reconnection time, and the sign that the stream
         # is subscribed (whatever commits from now on reaches it).
         yield frames.retry(self.config.retry_ms)
-        self.last = self.cursor = await _last_sequence(self.database, self.session_id)
-        if self.after is not None and self.after > self.last:
+        last = self.cursor = await _last_sequence(self.database, self.session_id)
+        if self.after is not None and self.after > last:
             yield frames.reset("cursor_ahead")
             self.after = None
         # The revision of each message the replay sent.
         replayed: dict[uuid.UUID, int] = {}
         if self.after is not None:
-            async for chunk in self.changed(self.after, self.last, replayed):
+            async for chunk in self.changed(self.after, last, replayed):
                 yield chunk
+            # Without a cursor nothing was replayed: every checkpoint is sent (one
+            # that committed after the stream subscribed but before it read `last` is
+            # one the client may lack).
+            self.covered = last
         for projection, parts in live:
             if replayed.get(projection.message_id, 0) > projection.revision:
                 continue  # a later checkpoint of the message replaced them
@@ -283,23 +289,17 @@ class MutationView:
         if item is RESYNC:
             return self.resync()
         if isinstance(item, EventOut) and item.sequence > self.cursor + 1:
-            return self.changed(self.cursor, item.sequence - 1)
+            return self.catch_up_to(item.sequence - 1)
         return None
 
     def frame(self, item: Out) -> bytes | None:
         if isinstance(item, EventOut):
             self.cursor = max(self.cursor, item.sequence)
             return None
-        # Replayed snapshots and Mutations already cover what committed up to `last`;
-        # without a cursor nothing was replayed, so every checkpoint is sent (one that
-        # committed after the stream subscribed but before it read `last` is one the
-        # client may lack).
         if isinstance(item, EventMutationOut):
-            return (
-                item.frame if self.after is None or item.sequence > self.last else None
-            )
+            return item.frame if item.sequence > self.covered else None
         if isinstance(item, MessageOut):
-            if self.after is not None and item.sequence <= self.last:
+            if item.sequence <= self.covered:
                 return None
             return item.frame if self.include_internal or item.visible else None
         if isinstance(item, PartOut):
@@ -324,9 +324,17 @@ class MutationView:
             revisions,
         )
 
+    async def catch_up_to(self, upto: int) -> AsyncIterator[bytes]:
+        async for chunk in self.changed(self.cursor, upto):
+            yield chunk
+        self.covered = max(self.covered, upto)
+
     async def resync(self) -> AsyncIterator[bytes]:
+        # Read first: whatever committed up to it is in the read that follows.
+        committed = await _last_sequence(self.database, self.session_id)
         async for chunk in self.changed(self.cursor, None):
             yield chunk
+        self.covered = max(self.covered, committed)
         self.cursor = max(
             self.cursor, await _last_sequence(self.database, self.session_id)
         )
