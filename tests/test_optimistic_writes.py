@@ -14,7 +14,6 @@ import asyncpg
 import orjson
 import pytest
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from app.db.batch import _BATCH, CheckpointBatcher
 from app.db.rows import LockedSession, SessionChanged, SessionHeads, StaleMessage
@@ -25,6 +24,7 @@ from app.journal import checkpoint
 from app.journal.sessions import lock_session
 from app.live.bus import decode, encode
 from app.live.items import Wakeup
+from app.live.pg_bus import _asyncpg_dsn
 from app.messages import schemas, service
 from app.sessions import service as sessions_service
 from app.settings import Settings
@@ -571,11 +571,7 @@ async def test_a_batch_reaches_each_session_by_its_primary_key_on_a_new_database
     organization's sessions (which it would walk whole for every checkpoint)."""
     url = await asyncio.to_thread(scratch_db.new_postgresql_database)
     try:
-        conn = await asyncpg.connect(
-            make_url(url)
-            .set(drivername="postgresql")
-            .render_as_string(hide_password=False)
-        )
+        conn = await asyncpg.connect(_asyncpg_dsn(url))
         try:
             # One organization's sessions, as the bench and a busy tenant have them.
             await conn.execute(

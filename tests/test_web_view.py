@@ -893,9 +893,11 @@ async def test_an_empty_session_offers_scenarios(
     await page.wait_for_selector("#empty", state="hidden")
 
 
-async def test_a_turns_details_come_from_its_events(
+async def opened_turn_details(
     page: "Page", live_server: Server, api: httpx.AsyncClient
-) -> None:
+) -> tuple[str, "Locator"]:
+    """A turn that ran a tool, shown, its details opened once their events are read:
+    the session and the details."""
     session_id = await new_session(api)
     await post(api, session_id, text_body("/scenario tool tea"))
     await wait_idle(api, session_id)
@@ -905,6 +907,13 @@ async def test_a_turns_details_come_from_its_events(
     assert await details.count() == 1
     await details.locator("summary").first.click()
     await details.locator(".turn-events li").first.wait_for()
+    return session_id, details
+
+
+async def test_a_turns_details_come_from_its_events(
+    page: "Page", live_server: Server, api: httpx.AsyncClient
+) -> None:
+    session_id, details = await opened_turn_details(page, live_server, api)
     facts = dict(
         zip(
             await details.locator(".turn-facts dt").all_text_contents(),
@@ -938,14 +947,7 @@ async def test_a_turns_details_come_from_its_events(
 async def test_opened_turn_details_stay_open_when_the_message_updates(
     page: "Page", live_server: Server, api: httpx.AsyncClient
 ) -> None:
-    session_id = await new_session(api)
-    await post(api, session_id, text_body("/scenario tool tea"))
-    await wait_idle(api, session_id)
-    await open_chat(page, live_server.url, session_id)
-    await wait_converged(page, api, session_id)
-    details = page.locator("#list .turn-details")
-    await details.locator("summary").first.click()
-    await details.locator(".turn-events li").first.wait_for()
+    _, details = await opened_turn_details(page, live_server, api)
     shown = await details.locator(".turn-events li").count()
     # Rating the answer renders its message again.
     await page.locator('#list .rate[data-rating="good"]').click()

@@ -258,9 +258,9 @@ class MutationView:
         if self.after is not None:
             async for chunk in self.changed(self.after, last, replayed):
                 yield chunk
-            # Without a cursor nothing was replayed: every checkpoint is sent (one
-            # that committed after the stream subscribed but before it read `last` is
-            # one the client may lack).
+            # (Without a cursor nothing is replayed, nothing covered: every checkpoint
+            # is sent, as one that committed after the stream subscribed but before it
+            # read `last` is one the client may lack.)
             self.covered = last
         for projection, parts in live:
             if replayed.get(projection.message_id, 0) > projection.revision:
@@ -335,9 +335,7 @@ class MutationView:
         async for chunk in self.changed(self.cursor, None):
             yield chunk
         self.covered = max(self.covered, committed)
-        self.cursor = max(
-            self.cursor, await _last_sequence(self.database, self.session_id)
-        )
+        self.cursor = max(self.cursor, committed)
 
 
 View = UpstreamView | MutationView
