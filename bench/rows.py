@@ -657,16 +657,23 @@ def busy_text(results: list[dict[str, Any]]) -> str:
     )
 
 
-async def aiohttp_writers(
-    db: Database, server: Proc, api: Api, text: str
+async def writers_client(
+    db: Database,
+    url: str,
+    pid: int,
+    authorization: str,
+    text: str,
+    count: Callable[[], Awaitable[tuple[int, int]]],
 ) -> dict[str, Any]:
     """The `writes` row's writers from an aiohttp client of their own
-    (bench.writers_client), counted from the database as around wrk."""
+    (bench.writers_client) against the server at `url` (process `pid`), with what
+    `count` reads from the database (checkpoints and rows) counted around them, as
+    around wrk."""
     profile = db.profile
     config = {
-        "url": server.url,
+        "url": url,
         "sessions": db.writer_sessions,
-        "authorization": api.authorization,
+        "authorization": authorization,
         "text": text,
         "run": uuid.uuid4().hex[:8],
         "duration": profile.duration,
@@ -690,8 +697,8 @@ async def aiohttp_writers(
         assert proc.process.stdout is not None
         assert proc.process.stdin is not None
         await asyncio.wait_for(proc.process.stdout.readline(), 30)
-        before = await count_checkpoints(db)
-        cpu_before = cpu_seconds(server.pid)
+        before = await count()
+        cpu_before = cpu_seconds(pid)
         postgres_before = postgres_cpu_seconds()
         cores = core_times()
         started = time.monotonic()
@@ -701,17 +708,16 @@ async def aiohttp_writers(
             proc.process.stdout.readline(), profile.duration + 60
         )
         elapsed = time.monotonic() - started
-        server_cpu = cpu_seconds(server.pid) - cpu_before
+        server_cpu = cpu_seconds(pid) - cpu_before
         postgres_cpu = cpu_between(postgres_before, postgres_cpu_seconds())
         busy = core_busy(cores)
-        after = await count_checkpoints(db)
+        after = await count()
         await asyncio.wait_for(proc.process.wait(), 30)
     finally:
         await proc.stop()
     if not out.strip():
         raise BenchError(f"writers client failed: {proc.log_tail()}")
     result = orjson.loads(out)
-    drain = await wait_all_idle(api, db.writer_sessions, 120)
     posts = max(result["ok"], 1)
     return {
         **result,
@@ -723,8 +729,52 @@ async def aiohttp_writers(
         "core_busy": busy,
         "checkpoints_per_s": (after[0] - before[0]) / elapsed,
         "events_per_s": (after[1] - before[1]) / elapsed,
-        "drain_seconds": round(drain, 2),
     }
+
+
+async def aiohttp_writers(
+    db: Database, server: Proc, api: Api, text: str
+) -> dict[str, Any]:
+    """The aiohttp client's writers against the service, its checkpoints and event
+    rows counted; then the time the runner needs to finish its turns."""
+    result = await writers_client(
+        db,
+        server.url,
+        server.pid,
+        api.authorization,
+        text,
+        lambda: count_checkpoints(db),
+    )
+    drain = await wait_all_idle(api, db.writer_sessions, 120)
+    return {**result, "drain_seconds": round(drain, 2)}
+
+
+async def floor_writes(db: Database, text: str) -> dict[str, Any]:
+    """The same aiohttp client's writers against the bare HTTP writer
+    (bench.baselines.http_writes) on the service's core and database, its rows counted:
+    what the `writes` row would read if the service did nothing of its own."""
+    assert db.pg_dsn is not None
+    dsn = db.pg_dsn
+
+    async def rows() -> tuple[int, int]:
+        conn = await asyncio.wait_for(asyncpg.connect(dsn), 15)
+        try:
+            n = int(await conn.fetchval("SELECT count(*) FROM bench_rows"))
+            return n, n
+        finally:
+            await conn.close()
+
+    proc = await start_baseline(
+        "writes-floor",
+        "bench.baselines.http_writes",
+        ["--dsn", dsn],
+        db.pinning.server,
+        db.tmp / "logs",
+    )
+    try:
+        return await writers_client(db, proc.url, proc.pid, "", text, rows)
+    finally:
+        await proc.stop()
 
 
 async def row_writes(db: Database, server: Proc) -> list[Line]:
@@ -783,14 +833,14 @@ async def row_writes(db: Database, server: Proc) -> list[Line]:
                 "drain_seconds": round(drain, 2),
             }
 
-        results = await side_by_side(
-            {
-                "service": service,
-                "client": lambda: aiohttp_writers(db, server, api, text),
-                "baseline": lambda: baseline_writes(db),
-            },
-            profile.runs,
-        )
+        targets: dict[str, Callable[[], Awaitable[Any]]] = {
+            "service": service,
+            "client": lambda: aiohttp_writers(db, server, api, text),
+            "baseline": lambda: baseline_writes(db),
+        }
+        if db.is_postgres:
+            targets["floor"] = lambda: floor_writes(db, text)
+        results = await side_by_side(targets, profile.runs)
     finally:
         await api.close()
     db.details["writes"] = results
@@ -830,6 +880,34 @@ async def row_writes(db: Database, server: Proc) -> list[Line]:
         )
         compared.append(
             Line("writes", f"{name} vs {raw_label}", figure, raw, r, goal, met, "/s")
+        )
+    if "floor" in results:
+        # Where the service's own work leaves the row: the bare HTTP writer is the
+        # same client's writers committing the same text, and nothing else.
+        floor = median([r["events_per_s"] for r in results["floor"]])
+        floor_cpu = median([r["server_cpu_per_post_us"] for r in results["floor"]])
+        client_cpu = median([r["server_cpu_per_post_us"] for r in results["client"]])
+        compared += [
+            Line(
+                "writes",
+                f"bare HTTP writer rows/s, aiohttp client vs {raw_label}",
+                floor,
+                raw,
+                ratio(floor, raw),
+                compared=True,
+            ),
+            Line(
+                "writes",
+                "event rows/s, aiohttp client vs bare HTTP writer rows/s",
+                client_events,
+                floor,
+                ratio(client_events, floor),
+            ),
+        ]
+        db.notes.append(
+            f"writes: the bare HTTP writer (bench/baselines/http_writes.py) spends "
+            f"{floor_cpu:.0f} µs of its core per POST where the service spends "
+            f"{client_cpu:.0f} µs, under the same aiohttp client"
         )
     return [
         *compared,
