@@ -22,7 +22,7 @@ from typing import Any
 import asyncpg
 
 from bench.baselines import arguments, respond, serve
-from bench.baselines.writes import SETUP
+from bench.baselines.writes import create_tables
 
 # Sessions map onto this many counter rows (the row's 64 writers, one each).
 COUNTERS = 64
@@ -104,12 +104,7 @@ class App:
     async def lifespan(self, receive: Any, send: Any) -> None:
         await receive()
         conn = await asyncpg.connect(self.dsn)
-        for statement in SETUP:
-            await conn.execute(statement)
-        await conn.executemany(
-            "INSERT INTO bench_counter (id, n) VALUES ($1, 0)",
-            [(i,) for i in range(COUNTERS)],
-        )
+        await create_tables(conn, COUNTERS)
         self.writes = GroupCommit(conn)
         await send({"type": "lifespan.startup.complete"})
         await receive()

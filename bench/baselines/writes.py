@@ -40,6 +40,16 @@ SETUP = (
 )
 
 
+async def create_tables(conn: asyncpg.Connection, counters: int) -> None:
+    """The scratch tables, new, with counter rows 0 to `counters` - 1 at 0."""
+    for statement in SETUP:
+        await conn.execute(statement)
+    await conn.executemany(
+        "INSERT INTO bench_counter (id, n) VALUES ($1, 0)",
+        [(i,) for i in range(counters)],
+    )
+
+
 CHANNEL = "bench_notify"
 PAYLOAD = '{"s":"' + "0" * 32 + '","q":%d,"kind":"wakeup","origin":"bench"}'
 
@@ -61,12 +71,7 @@ async def postgres(
     `nats_url` the wake-up published to NATS after the commit."""
     admin = await asyncio.wait_for(asyncpg.connect(dsn), 15)
     try:
-        for statement in SETUP:
-            await admin.execute(statement)
-        await admin.executemany(
-            "INSERT INTO bench_counter (id, n) VALUES ($1, 0)",
-            [(i,) for i in range(connections)],
-        )
+        await create_tables(admin, connections)
     finally:
         await admin.close()
     conns = [
