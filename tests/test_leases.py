@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,46 @@ async def test_a_lock_answered_on_a_connection_lost_meanwhile_is_not_held(
             assert leases.holds(session_id)
         finally:
             await leases.stop()
+
+
+async def test_the_keeper_outlives_a_connection_broken_mid_statement(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease connection the server terminated while it sat idle can raise asyncpg's
+    InternalClientError on its next statement, before asyncpg has seen the socket
+    close. The keeper counts that as a lost connection: the lease is given up, renewal
+    goes on over a new connection, and stopping raises nothing."""
+    session_id = uuid.uuid4()
+    leases = PgLeases(settings.database_url, renew_seconds=0.05)
+    real_execute = asyncpg.Connection.execute
+    broken: list[asyncpg.Connection] = []
+
+    async def breaks_once(
+        self: asyncpg.Connection, query: str, *args: Any, **kwargs: Any
+    ) -> Any:
+        if query.startswith("UPDATE sessions SET runner_renewed_at") and not broken:
+            broken.append(self)
+            raise asyncpg.InternalClientError(
+                "cannot switch to state 11; another operation (2) is in progress"
+            )
+        return await real_execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(asyncpg.Connection, "execute", breaks_once)
+    try:
+        assert await leases.try_acquire(session_id)
+        connected_at = leases.connected_at
+        await leases.start()
+        await wait_until(lambda: bool(broken), "the renewal to break", 10, 0.01)
+        assert not leases.holds(session_id)
+        await wait_until(
+            lambda: leases.connected_at != connected_at,
+            "the keeper to renew over a new connection",
+            10,
+            0.01,
+        )
+        assert broken[0].is_closed()
+    finally:
+        await leases.stop()
 
 
 async def test_lost_lease_connections_mid_turn_leave_one_runner_and_the_whole_reply(

@@ -13,18 +13,16 @@ import asyncpg
 from sqlalchemy.engine import make_url
 
 from app.backend import Backend
+from app.db.engine import PG_UNAVAILABLE
 from app.db.types import utcnow
 
 log = logging.getLogger("app.runner.leases")
 
-# Failures of the lease connection or the server rather than of a statement.
-LEASE_CONNECTION_ERRORS = (
-    OSError,
-    asyncio.TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.OperatorInterventionError,
-)
+# Failures of the lease connection or the server rather than of a statement. Among
+# them asyncpg's InternalClientError: a connection the server terminated while idle
+# ("cannot switch to state ...") raises it on its next statement, before asyncpg has
+# seen the socket close.
+LEASE_CONNECTION_ERRORS = (*PG_UNAVAILABLE, asyncio.TimeoutError)
 
 
 def lease_key(session_id: uuid.UUID) -> int:
