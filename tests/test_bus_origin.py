@@ -14,7 +14,7 @@ from sqlalchemy.exc import OperationalError
 
 from app.db.session import Database
 from app.live.items import BusItem, Resync, TextDelta, Wakeup
-from app.live.pg_bus import PgBus, _asyncpg_dsn
+from app.live.pg_bus import ALONE_CHECK_SECONDS, COUNT_LISTENERS, PgBus, _asyncpg_dsn
 from app.settings import Settings
 from tests.support.database import new_session_row
 from tests.support.in_process import Running
@@ -178,3 +178,35 @@ async def test_a_commit_without_an_answer_makes_its_process_resync(
     assert first.of(Wakeup) == []
     # It did not commit: the other process heard nothing of it.
     assert await heard_by(second, Wakeup, 1) == []
+
+
+async def test_the_supervisor_outlives_a_count_that_breaks(
+    processes: tuple[Process, Process], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listener that PostgreSQL terminated while it sat idle can raise asyncpg's
+    InternalClientError on the supervisor's next count of the listening processes,
+    before asyncpg has seen the socket close. The supervisor goes on: it counts
+    again on its next round."""
+    counted: list[asyncpg.Connection] = []
+    real_fetchval = asyncpg.Connection.fetchval
+
+    async def breaks_once(
+        self: asyncpg.Connection, query: str, *args: Any, **kwargs: Any
+    ) -> Any:
+        if query == COUNT_LISTENERS:
+            counted.append(self)
+            if len(counted) == 1:
+                raise asyncpg.InternalClientError(
+                    "cannot switch to state 12; another operation (2) is in progress"
+                )
+        return await real_fetchval(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(asyncpg.Connection, "fetchval", breaks_once)
+    for _ in range(int(ALONE_CHECK_SECONDS * 2 + 3) * 20):
+        if counted and counted[1:].count(counted[0]):
+            break
+        await asyncio.sleep(0.05)
+    assert counted, "no process counted the listeners"
+    assert counted[0] in counted[1:], (
+        "the broken count's supervisor never counted again"
+    )

@@ -26,6 +26,7 @@ import asyncpg
 import orjson
 from sqlalchemy.engine import make_url
 
+from app.db.engine import PG_UNAVAILABLE
 from app.db.writes import Write
 from app.live.bus import (
     CHANNEL,
@@ -136,7 +137,9 @@ class PgBus(Bus):
         asked_at = time.monotonic()
         try:
             listeners = await listener.fetchval(COUNT_LISTENERS, *LISTENERS)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except (*PG_UNAVAILABLE, asyncpg.PostgresError) as exc:
+            # Among them asyncpg's InternalClientError, from a listener that PostgreSQL
+            # terminated while it sat idle: the supervisor must outlive it.
             log.warning("bus: cannot count the listening processes: %s", exc)
             self._set_alone(False)
             return
@@ -283,13 +286,7 @@ class PgBus(Bus):
             await self._sender.executemany(
                 "SELECT pg_notify($1, $2)", [(CHANNEL, p) for p in payloads]
             )
-        except (
-            OSError,
-            asyncpg.PostgresError,
-            asyncpg.InterfaceError,
-            # Raised by a connection that broke in the middle of an operation.
-            asyncpg.InternalClientError,
-        ) as exc:
+        except (*PG_UNAVAILABLE, asyncpg.PostgresError) as exc:
             # Live items are ephemeral: while PostgreSQL is unreachable they are
             # dropped, and subscribers converge on the next committed snapshot.
             log.warning("bus publish failed, live items dropped for 0.5 s: %s", exc)
