@@ -15,7 +15,7 @@ import orjson
 import pytest
 from sqlalchemy import text
 
-from app.db.batch import _BATCH, CheckpointBatcher
+from app.db.batch import _BATCH, SECOND_BATCH, CheckpointBatcher
 from app.db.rows import LockedSession, SessionChanged, SessionHeads, StaleMessage
 from app.db.session import Database
 from app.errors import SessionNotFound
@@ -367,6 +367,101 @@ async def test_concurrent_writers_of_two_processes_share_batches_and_lose_nothin
         assert row["visible"] == 31
         assert row["events"] == list(range(1, row["last_sequence"] + 1))
         assert row["last_input_sequence"] == max(mine)
+
+
+class SlowBatches:
+    """Every batch takes 0.2 s more on its way; each one's sessions are recorded with
+    those of the batches on their way when it went."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.on_the_way: list[set[uuid.UUID]] = []
+        self.sent: list[tuple[set[uuid.UUID], list[set[uuid.UUID]]]] = []
+        self.going = asyncio.Event()
+        write = CheckpointBatcher._write
+
+        async def slow(batcher: CheckpointBatcher, batch: list[Any]) -> None:
+            sessions = {queued.item.session.id for queued in batch}
+            self.sent.append((sessions, list(self.on_the_way)))
+            self.on_the_way.append(sessions)
+            self.going.set()
+            try:
+                await asyncio.sleep(0.2)
+                await write(batcher, batch)
+            finally:
+                self.on_the_way.remove(sessions)
+
+        monkeypatch.setattr(CheckpointBatcher, "_write", slow)
+
+    def never_twice_on_the_way(self) -> None:
+        for sessions, meanwhile in self.sent:
+            assert all(sessions.isdisjoint(other) for other in meanwhile)
+
+
+async def steering_sessions(handle: Database, count: int) -> list[uuid.UUID]:
+    sids = [await new_session_row(handle) for _ in range(count)]
+    for sid in sids:
+        await post(handle, sid, "start")
+    return sids
+
+
+async def assert_dense(handle: Database, sid: uuid.UUID, visible: int) -> None:
+    row = await stored(handle, sid)
+    assert row["visible"] == visible
+    assert row["events"] == list(range(1, row["last_sequence"] + 1))
+
+
+@pytest.mark.postgres_only
+async def test_a_few_checkpoints_queued_wait_for_the_batch_on_its_way(
+    handles: tuple[Database, Database], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fewer than SECOND_BATCH checkpoints queued behind a batch on its way go
+    together in the batch after it."""
+    first, _ = handles
+    a, b = await steering_sessions(first, 2)
+    slow = SlowBatches(monkeypatch)
+    a1 = asyncio.create_task(post(first, a, "a1", client_id="a1"))
+    await asyncio.wait_for(slow.going.wait(), 10)
+    b1, a2 = await asyncio.gather(
+        post(first, b, "b1", client_id="b1"), post(first, a, "a2", client_id="a2")
+    )
+    answers = [await a1, b1, a2]
+    assert [sessions for sessions, _ in slow.sent] == [{a}, {a, b}]
+    slow.never_twice_on_the_way()
+    assert {answer["delivery"] for answer in answers} == {"steered"}
+    assert answers[2]["sequence"] > answers[0]["sequence"]
+    await assert_dense(first, a, 3)
+    await assert_dense(first, b, 2)
+
+
+@pytest.mark.postgres_only
+async def test_a_second_batch_goes_meanwhile_with_other_sessions_only(
+    handles: tuple[Database, Database], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once SECOND_BATCH checkpoints have queued behind a batch on its way, a second
+    batch goes meanwhile with those of other sessions; a checkpoint of the session on
+    its way waits for a batch after it, which assumes what the first wrote."""
+    first, _ = handles
+    a, *others = await steering_sessions(first, SECOND_BATCH + 1)
+    slow = SlowBatches(monkeypatch)
+    a1 = asyncio.create_task(post(first, a, "a1", client_id="a1"))
+    await asyncio.wait_for(slow.going.wait(), 10)
+    later = await asyncio.gather(
+        post(first, a, "a2", client_id="a2"),
+        *(post(first, sid, "more", client_id=f"more-{sid}") for sid in others),
+    )
+    answers = [await a1, *later]
+    assert slow.sent[0] == ({a}, [])
+    assert slow.sent[1][1] == [{a}], (
+        "no second batch went while the first was on its way"
+    )
+    assert a not in slow.sent[1][0]
+    slow.never_twice_on_the_way()
+    assert sum(len(sessions) for sessions, _ in slow.sent) == SECOND_BATCH + 2
+    assert {answer["delivery"] for answer in answers} == {"steered"}
+    assert answers[1]["sequence"] > answers[0]["sequence"]
+    await assert_dense(first, a, 3)
+    for sid in others:
+        await assert_dense(first, sid, 2)
 
 
 @pytest.mark.postgres_only
