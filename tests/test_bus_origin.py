@@ -18,6 +18,7 @@ from app.live.pg_bus import ALONE_CHECK_SECONDS, COUNT_LISTENERS, PgBus, _asyncp
 from app.settings import Settings
 from tests.support.database import new_session_row
 from tests.support.in_process import Running
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.postgres_only
 
@@ -202,10 +203,11 @@ async def test_the_supervisor_outlives_a_count_that_breaks(
         return await real_fetchval(self, query, *args, **kwargs)
 
     monkeypatch.setattr(asyncpg.Connection, "fetchval", breaks_once)
-    for _ in range(int(ALONE_CHECK_SECONDS * 2 + 3) * 20):
-        if counted and counted[1:].count(counted[0]):
-            break
-        await asyncio.sleep(0.05)
+    await wait_until(
+        lambda: bool(counted) and counted[0] in counted[1:],
+        "the broken count's listener to be counted again",
+        ALONE_CHECK_SECONDS * 2 + 3,
+    )
     assert counted, "no process counted the listeners"
     assert counted[0] in counted[1:], (
         "the broken count's supervisor never counted again"

@@ -241,13 +241,16 @@ class CheckpointBatcher:
 
     async def _send(self) -> None:
         batch: list[_Queued] = []
-        sessions: set[uuid.UUID] = set()
         try:
-            while batch := self._take():
-                sessions = {queued.item.session.id for queued in batch}
+            while True:
+                batch, sessions = self._take()
+                if not batch:
+                    break
                 self._sending |= sessions
-                await self._write(batch)
-                self._sending -= sessions
+                try:
+                    await self._write(batch)
+                finally:
+                    self._sending -= sessions
         except BaseException:
             # Cancelled (the process stops): nobody waits forever. The ones queued
             # were never sent.
@@ -262,17 +265,16 @@ class CheckpointBatcher:
             for queued in batch:
                 if not queued.done.done():
                     queued.done.set_exception(unknown)
-            self._sending -= sessions
             # At once, not in a done callback: a checkpoint queued before that ran
             # would find no sender free and none coming.
             task = asyncio.current_task()
             if task is not None:
                 self._senders.discard(task)
 
-    def _take(self) -> list[_Queued]:
-        """The oldest checkpoint of each session not on its way, up to MAX_BATCH: a
-        later one of a session assumes what the earlier writes, so it waits for the
-        batch after."""
+    def _take(self) -> tuple[list[_Queued], set[uuid.UUID]]:
+        """The oldest checkpoint of each session not on its way, up to MAX_BATCH, and
+        their sessions: a later one of a session assumes what the earlier writes, so it
+        waits for the batch after."""
         batch: list[_Queued] = []
         rest: list[_Queued] = []
         sessions: set[uuid.UUID] = set()
@@ -292,7 +294,7 @@ class CheckpointBatcher:
         # the same order as PostgreSQL walks them; a deadlock (the planner may walk
         # them otherwise) fails one batch as a whole, and its units rerun locking.
         batch.sort(key=lambda queued: queued.item.session.id)
-        return batch
+        return batch, sessions
 
     async def _write(self, batch: list[_Queued]) -> None:
         columns = _columns([queued.item for queued in batch])
