@@ -16,6 +16,7 @@ own keep-alive timeout (`KEEP_ALIVE_SECONDS`).
 import asyncio
 import functools
 import gc
+import logging
 import signal
 import socket
 import sys
@@ -97,6 +98,52 @@ def _deadlines(loop: asyncio.AbstractEventLoop) -> Deadlines:
 LINGER_SECONDS = 2.0
 
 
+class HeadWithBody:
+    """The transport as one response writes to it: its head (uvicorn writes the status
+    line and headers at `http.response.start`, then each piece of body on its own)
+    waits for the first piece of body, and the two leave in one send (a head the body
+    does not follow in this turn of the event loop, a stream's, leaves at its end).
+    Each send to a socket is a system call and, with Nagle off, a segment the client
+    wakes up for. (The benchmark's newest page: 17,155-18,535 answers a second with
+    two sends, 20,500-20,593 with one and the access lines below not built.)"""
+
+    __slots__ = ("_first", "_head", "_loop", "_transport")
+
+    def __init__(
+        self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._head: bytes | None = None
+        self._first = True
+
+    def write(self, data: bytes) -> None:
+        if self._first:
+            self._first = False
+            self._head = data
+            self._loop.call_soon(self._flush)
+        elif self._head is not None:
+            head, self._head = self._head, None
+            self._transport.writelines((head, data))
+        else:
+            self._transport.write(data)
+
+    def _flush(self) -> None:
+        head, self._head = self._head, None
+        if head is not None and not self._transport.is_closing():
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class DeadlineProtocol(HttpToolsProtocol):
     def __init__(
         self,
@@ -110,6 +157,12 @@ class DeadlineProtocol(HttpToolsProtocol):
         max_header_bytes: int,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
+        # uvicorn builds each access line's parts (the client's address, the path and
+        # query) before its logger drops the line; at a level that drops them all, none
+        # are built.
+        self.access_log = self.access_log and self.access_logger.isEnabledFor(
+            logging.INFO
+        )
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
         self.max_header_bytes = max_header_bytes
@@ -197,6 +250,9 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._request_begun = False
         self._arm(self.body_timeout, self._body_timed_out)
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.transport is self.transport:
+            cycle.transport = HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]  # what the cycle calls of a transport
 
     def _header_size(self) -> int:
         """The request line and header lines as received, near enough: name, value,

@@ -21,7 +21,6 @@ lines only while uvicorn writes access lines (`tag_logs`): otherwise nothing her
 but a failure, which names its request itself.
 """
 
-import json
 import re
 import time
 import uuid
@@ -310,9 +309,11 @@ class HotRoutes:
         waiting = None
         try:
             try:
-                # Parsed as FastAPI parses it (Starlette's `json.loads`): orjson reads
-                # some numbers differently (an integer past 64 bits as a float).
-                data = MessageCreate.model_validate(json.loads(body))
+                # pydantic's own JSON reader reads every value as Starlette's
+                # `json.loads` does (orjson reads an integer past 64 bits as a float),
+                # in one pass; a body it refuses (one `json.loads` takes, as UTF-16)
+                # is FastAPI's to answer.
+                data = MessageCreate.model_validate_json(body)
                 endpoints.accept_message(state, data)
                 # A wait is admitted before anything is written.
                 if query.wait:
