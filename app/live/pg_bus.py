@@ -42,6 +42,12 @@ from app.live.items import BusItem, Resync
 
 log = logging.getLogger("app.live.bus")
 
+# What a statement of the bus's own connections raises when it fails: the server or
+# the connection gone (among them asyncpg's InternalClientError, from a connection
+# PostgreSQL terminated while it sat idle) or the statement refused. The listener's
+# supervisor and the publisher log it and carry on over a new connection.
+BUS_ERRORS = (*PG_UNAVAILABLE, asyncpg.PostgresError)
+
 # The shared advisory lock every listening process holds (two int4 keys: "evmr",
 # "lstn"), counted in pg_locks, which every role may read.
 LISTENERS = (0x65766D72, 0x6C73746E)
@@ -137,9 +143,7 @@ class PgBus(Bus):
         asked_at = time.monotonic()
         try:
             listeners = await listener.fetchval(COUNT_LISTENERS, *LISTENERS)
-        except (*PG_UNAVAILABLE, asyncpg.PostgresError) as exc:
-            # Among them asyncpg's InternalClientError, from a listener that PostgreSQL
-            # terminated while it sat idle: the supervisor must outlive it.
+        except BUS_ERRORS as exc:
             log.warning("bus: cannot count the listening processes: %s", exc)
             self._set_alone(False)
             return
@@ -286,7 +290,7 @@ class PgBus(Bus):
             await self._sender.executemany(
                 "SELECT pg_notify($1, $2)", [(CHANNEL, p) for p in payloads]
             )
-        except (*PG_UNAVAILABLE, asyncpg.PostgresError) as exc:
+        except BUS_ERRORS as exc:
             # Live items are ephemeral: while PostgreSQL is unreachable they are
             # dropped, and subscribers converge on the next committed snapshot.
             log.warning("bus publish failed, live items dropped for 0.5 s: %s", exc)
