@@ -160,3 +160,17 @@ async def test_access_lines_are_built_only_at_a_level_that_keeps_them(
         assert connection.access_log is built
     finally:
         logger.setLevel(was)
+
+
+async def test_a_connection_keeps_its_own_fields_out_of_uvicorns_dict() -> None:
+    """Every open connection (an idle stream is mostly one) holds a protocol. uvicorn
+    keeps 27 attributes in its instance dict; a dict that shares its keys with the
+    class's other instances stays small only up to 30 keys (CPython), and our fields
+    past that cost each connection 1.5 KB more. They live in slots."""
+    connection, transport = connect(answer)
+    connection.data_received(REQUEST)
+    await until(lambda: transport.sends)
+    own = set(DeadlineProtocol.__slots__)
+    assert not own & set(vars(connection))
+    assert len(vars(connection)) <= 30
+    assert all(hasattr(connection, name) for name in own)
