@@ -146,3 +146,41 @@ async def test_concurrent_posts_cannot_overshoot_the_process_cap(
         settings, max_running_turns_per_org=0, max_running_turns_per_process=3
     ) as env:
         assert await concurrent_starts(env, 10) == {201: 3, 429: 7}
+
+
+async def test_a_retry_at_the_cap_is_answered_with_what_is_stored(
+    settings: Settings,
+) -> None:
+    """Admission is asked after the message is written: a retry of a stored message
+    finds it there and is answered as a duplicate, not refused; a new message that
+    would start a turn is refused and its write rolled back."""
+    async with capped(
+        settings, max_running_turns_per_org=1, max_running_turns_per_process=0
+    ) as env:
+        client = env.client
+        first = await create_session(client, "first", headers=env.a)
+        second = await create_session(client, "second", headers=env.a)
+        body = text_body("quick", client_message_id="q-1")
+        url = f"/v1/sessions/{first}/messages"
+        stored = await client.post(url, json=body, headers=env.a)
+        assert stored.json()["delivery"] == "started", stored.text
+        await wait_idle(client, first, headers=env.a)
+        events = (
+            await client.get(f"/v1/sessions/{first}/events", headers=env.a)
+        ).json()
+        assert (await post_message(client, second, LONG, headers=env.a))[
+            "delivery"
+        ] == "started"
+
+        retry = await client.post(url, json=body, headers=env.a)
+        assert retry.json()["delivery"] == "duplicate", retry.text
+        assert retry.json()["id"] == stored.json()["id"]
+        assert_too_many_turns(
+            await client.post(
+                url, json=text_body("new", client_message_id="q-2"), headers=env.a
+            )
+        )
+        after = (await client.get(f"/v1/sessions/{first}/events", headers=env.a)).json()
+        assert after["data"] == events["data"]
+        session = (await client.get(f"/v1/sessions/{first}", headers=env.a)).json()
+        assert session["status"] == "idle", session

@@ -89,6 +89,12 @@ WHERE session_id = :session_id AND client_message_id = :client_message_id"""
 
 REQUEST_CANCEL = "UPDATE sessions SET cancel_requested_at = :now WHERE id = :session_id"
 
+# A turn waiting for client tool results runs nowhere: it holds no place.
+COUNT_RUNNING_TURNS = """
+SELECT count(*) FROM sessions
+WHERE organization_id = :organization_id AND active_turn_id IS NOT NULL
+AND status != 'waitingfortoolresults'"""
+
 LOCK_ORGANIZATION = "SELECT pg_advisory_xact_lock(:lock_class, :lock_id)"
 # The advisory-lock class of organization locks ("EVMO").
 ORGANIZATION_LOCK = 0x45564D4F

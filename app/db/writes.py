@@ -39,6 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.db.outbox import Outbox
 from app.db.rows import EventRow, LockedSession, MessageRow
 from app.db.statements import (
+    COUNT_RUNNING_TURNS,
     REQUEST_CANCEL,
     SELECT_BY_CLIENT_ID,
     SELECT_FIRST_INPUT_AFTER,
@@ -168,6 +169,12 @@ class Write(abc.ABC):
         that take this lock (turn admission). SQLite: the unit already holds the
         database write lock."""
         await self._begin()
+
+    async def running_turns(self, organization_id: uuid.UUID) -> int:
+        """How many of the organization's sessions run a turn, on any process, as this
+        unit sees them (its own writes included)."""
+        rows = await self._fetch(COUNT_RUNNING_TURNS, organization_id=organization_id)
+        return int(rows[0][0])
 
     @abc.abstractmethod
     def notify(self, channel: str, payload: str) -> None:

@@ -5,12 +5,18 @@ message that steers a running turn is never refused here: it is a durable write 
 turn (or whichever process takes it over) reads at its next step, whether this process
 drains or not.
 
+Admission is asked after the unit of work wrote the turn's start, as its last
+statements: a refusal rolls the unit back, and a retry of a message already stored is
+answered as a duplicate by the write itself, before any cap is asked.
+
 Per organization the count is the database's (sessions with a running turn, across
-every process), taken under a per-organization lock for the rest of the unit of work
-(PostgreSQL; SQLite's writers are serialized anyway), so two concurrent posts cannot
-both take the last place. Per process the count is the turns the local runner runs,
-plus those admitted here in the last moments whose runner has not started yet (a turn
-starts on the process its message was posted to).
+every process, this one's included), taken under a per-organization lock for the rest
+of the unit of work (PostgreSQL; SQLite's writers are serialized anyway), so two
+concurrent posts cannot both take the last place. The lock is held from that count to
+the commit, not across the unit's other statements: every post that starts a turn in
+an organization passes through it one at a time. Per process the count is the turns the
+local runner runs, plus those admitted here in the last moments whose runner has not
+started yet (a turn starts on the process its message was posted to).
 """
 
 import time
@@ -20,7 +26,6 @@ from collections.abc import Callable, Collection
 from app.db.rows import LockedSession
 from app.db.writes import Write
 from app.errors import Draining, TooManyRequests
-from app.journal.sessions import count_running_turns
 
 # Turns take seconds to minutes; a client told to come back sooner would only be refused
 # again.
@@ -58,8 +63,9 @@ class TurnAdmission:
         return len(running) + len(self._admitted)
 
     async def admit(self, db: Write, session: LockedSession) -> None:
-        """Called under the session's row lock, before a message starts a turn on it.
-        Raises TooManyTurns, or Draining."""
+        """Called once `db` wrote the start of a turn on `session` (under its row
+        lock), before the unit commits. Raises TooManyTurns, or Draining: the caller's
+        unit of work then rolls back."""
         if self.draining:
             raise Draining("turns")
         now = time.monotonic()
@@ -70,10 +76,9 @@ class TurnAdmission:
             )
         if self.per_organization:
             await db.lock_organization(session.organization_id)
-            running = await count_running_turns(
-                db, organization_id=session.organization_id
-            )
-            if running >= self.per_organization:
+            # This session's turn, written by the unit, is one of them.
+            running = await db.running_turns(session.organization_id)
+            if running > self.per_organization:
                 raise TooManyTurns(
                     f"The organization runs {self.per_organization} turns already "
                     "(the most allowed at once); retry later",

@@ -1,12 +1,9 @@
 """The session row as the write model sees it: locked for a checkpoint, owned by the
-caller or a 404, its usage added to, and the turns that run in an organization."""
+caller or a 404, and its usage added to."""
 
 import uuid
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import bindparam, func, select
-
-from app.db import models
 from app.db.rows import LockedSession
 from app.db.writes import Write
 from app.errors import MessageNotFound, SessionNotFound
@@ -82,25 +79,3 @@ async def record_usage(
     total = add_usage(known, usage)
     if usage and total is not None:
         await db.set_usage(session.id, total)
-
-
-async def count_running_turns(db: Write, *, organization_id: uuid.UUID) -> int:
-    """How many of the organization's sessions run a turn, on any process. A turn
-    waiting for client tool results runs nowhere: it holds no place (when its results
-    arrive it goes on without being admitted again)."""
-    conn = await db.core()
-    count = await conn.scalar(_RUNNING_TURNS, {"organization_id": organization_id})
-    return int(count or 0)
-
-
-# Statements run once or twice per turn, built once: building and cache-keying a
-# statement costs more CPU than running it (about 300 of 570 us on PostgreSQL).
-_RUNNING_TURNS = (
-    select(func.count())
-    .select_from(models.Session)
-    .where(
-        models.Session.organization_id == bindparam("organization_id"),
-        models.Session.active_turn_id.is_not(None),
-        models.Session.status != "waitingfortoolresults",
-    )
-)

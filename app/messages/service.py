@@ -34,9 +34,9 @@ async def create_message(
 
     Under the session row lock: a repeated `client_message_id` with the same body
     returns the stored message as `duplicate` and writes nothing (with another body it
-    is ClientMessageIdConflict); otherwise the message starts a turn on an idle
-    session (`started`, if `admission` admits a new turn: else TooManyTurns) or joins
-    the running one (`steered`)."""
+    is ClientMessageIdConflict), whatever the caps; otherwise the message starts a turn
+    on an idle session (`started`, if `admission` admits the turn it wrote: else
+    TooManyTurns, and the unit rolls back) or joins the running one (`steered`)."""
     if data.message.role != "user":
         raise InvalidRequest("Only user messages can be created through this endpoint")
     session = await lock_owned_session(
@@ -45,15 +45,6 @@ async def create_message(
     content = [part.model_dump(exclude_none=True) for part in data.message.content]
     extra = _extra(data)
     was_running = session.active_turn_id is not None
-    if data.client_message_id is not None and not was_running:
-        # Looked up before admission: a retry is answered with what is stored, never
-        # refused as a new turn. (Steering a running turn needs no look-up: the
-        # checkpoint finds a repeated id itself, writing nothing.)
-        stored = await db.snapshot_by_client_id(session_id, data.client_message_id)
-        if stored is not None:
-            return _duplicate(stored, data.client_message_id, content, data, extra)
-    if not was_running and admission is not None:
-        await admission.admit(db, session)
     try:
         result, _turn_id = await checkpoint.append_user_message(
             db,
@@ -70,6 +61,8 @@ async def create_message(
         assert stored is not None
         return _duplicate(stored, data.client_message_id, content, data, extra)
     if not was_running:
+        if admission is not None:
+            await admission.admit(db, session)
         db.outbox.kick(session_id)
     assert result.message is not None
     return wire.with_field(

@@ -211,8 +211,6 @@ async def ask_again(
     )
     locked = await lock_session(db, created.id)
     assert locked is not None
-    if admission is not None:
-        await admission.admit(db, locked)
     result, _turn = await checkpoint.append_user_message(
         db,
         locked,
@@ -222,6 +220,8 @@ async def ask_again(
         client_message_id=None,
         start_turn=True,
     )
+    if admission is not None:
+        await admission.admit(db, locked)
     db.outbox.kick(created.id)
     assert result.message is not None
     return Forked(
