@@ -272,10 +272,12 @@ async def commit_step(
     close: bool = False,
     usage: dict[str, Any] | None = None,
     then: Sequence[EventSpec] = (),
+    finished: bool = False,
 ) -> Checkpoint:
     """Commit a completed model Step: its complete parts at once, each carrying `step_id`.
     With `close`, the same checkpoint closes the message (`state: done`). Events in
-    `then` follow in the same checkpoint."""
+    `then` follow in the same checkpoint; `finished` when they end the turn (see
+    `ending_turn`)."""
     now = utcnow()
     touch(message, now)
     parts = [entering(part) for part in parts]
@@ -297,7 +299,7 @@ async def commit_step(
     if close:
         message.state = "done"
     spec = completed(message, usage=usage)
-    return await commit(db, session, now, message, [spec, *then])
+    return await commit(db, session, now, message, [spec, *then], finished=finished)
 
 
 async def append_events(
@@ -316,13 +318,14 @@ async def close_message(
     then: Sequence[EventSpec] = (),
     partial: Sequence[dict[str, Any]] = (),
     step_id: str | None = None,
+    finished: bool = False,
 ) -> Checkpoint:
     """Close a streaming message (`state: done`); with `error` = (code, text), append an
     error part first: how an interrupted or failed message is persisted. `partial` is
     what the unfinished step `step_id` streamed before it was cut off (a cancel, a
     model failure): its parts are kept, ahead of the error part, at the same revision.
     Events in `then` (turn outcome, session.idled) are appended in the same
-    checkpoint."""
+    checkpoint; `finished` when they end the turn (see `ending_turn`)."""
     now = utcnow()
     touch(message, now)
     _cancel_pending_interactions(
@@ -352,7 +355,9 @@ async def close_message(
         ]
     message.state = "done"
     spec = completed(message, error_code=error[0] if error else None)
-    return await commit(db, session, now, message, [*failed, spec, *then])
+    return await commit(
+        db, session, now, message, [*failed, spec, *then], finished=finished
+    )
 
 
 def _cancel_pending_interactions(
@@ -404,9 +409,25 @@ async def finish_turn(
     outcome: EventSpec,
     answer_next: MessageRow | None = None,
 ) -> Checkpoint:
-    """End the session's running turn with its outcome event, then `session.idled`.
-    With `answer_next` (a user message the turn did not answer), a new turn for it
-    starts in the same checkpoint: `session.activated`, `turn.started`."""
+    """End the session's running turn in a checkpoint of its own (see `ending_turn`)."""
+    specs = ending_turn(
+        session, turn_id=turn_id, outcome=outcome, answer_next=answer_next
+    )
+    return await commit(db, session, utcnow(), None, specs, finished=True)
+
+
+def ending_turn(
+    session: LockedSession,
+    *,
+    turn_id: uuid.UUID,
+    outcome: EventSpec,
+    answer_next: MessageRow | None = None,
+) -> list[EventSpec]:
+    """The events that end the session's running turn: its outcome, then
+    `session.idled`; the session is left as they leave it. With `answer_next` (a user
+    message the turn did not answer), a new turn for it starts in the same checkpoint:
+    `session.activated`, `turn.started`. They join the checkpoint that closes the
+    turn's last message (`finished`), or make one of their own (`finish_turn`)."""
     idled = EventSpec(
         "session.idled", {"turn_id": format_id("turn", turn_id)}, turn_id=turn_id
     )
@@ -419,7 +440,7 @@ async def finish_turn(
         specs.extend(_turn_opening(next_turn, answer_next))
         session.active_turn_id = next_turn
         session.status = "active"
-    return await commit(db, session, utcnow(), None, specs, finished=True)
+    return specs
 
 
 async def streaming_messages(db: Write, session_id: uuid.UUID) -> list[MessageRow]:

@@ -59,6 +59,11 @@ def step_write(
             parts.append(
                 {"type": "tool_result", "tool_call_id": call.id, "error": call.error}
             )
+        if step.usage:
+            turn.step_usage[turn.iteration] = step.usage
+        # The answer's checkpoint ends the turn too: one checkpoint, which a group
+        # commit can take (a unit of two would lock the session row).
+        ending = await completion(db, session, turn, message) if done else []
         await checkpoint.commit_step(
             db,
             session,
@@ -69,13 +74,10 @@ def step_write(
             phase_source="provider",
             close=done,
             usage=step.usage or None,
-            then=[_failed_call(turn, call) for call in failed],
+            then=[*(_failed_call(turn, call) for call in failed), *ending],
+            finished=done,
         )
         await record_usage(db, session, turn.session_usage, step.usage)
-        if step.usage:
-            turn.step_usage[turn.iteration] = step.usage
-        if done:
-            await complete(db, session, turn, message)
         return message
 
     return write
@@ -101,19 +103,19 @@ def cap_write(turn: TurnProgress) -> WriteUnit:
     async def write(db: Write, session: LockedSession) -> MessageRow | None:
         assert turn.message is not None
         message = copy.copy(turn.message)
-        await checkpoint.close_message(db, session, message)
-        await complete(db, session, turn, message)
+        ending = await completion(db, session, turn, message)
+        await checkpoint.close_message(db, session, message, then=ending, finished=True)
         return message
 
     return write
 
 
-async def complete(
+async def completion(
     db: Write, session: LockedSession, turn: TurnProgress, message: MessageRow
-) -> None:
-    """`turn.completed` and `session.idled`. Input the last step did not see (only
-    possible at the step cap) is not dropped: a new turn starts for it in the same
-    checkpoint."""
+) -> list[EventSpec]:
+    """`turn.completed` and `session.idled`, for the checkpoint that closes `message`,
+    the answer. Input the last step did not see (only possible at the step cap) is
+    not dropped: a new turn starts for it in the same checkpoint."""
     unanswered = None
     if session.last_input_sequence > turn.consumed:
         unanswered = await db.first_input_after(session.id, turn.consumed)
@@ -127,8 +129,7 @@ async def complete(
     }
     if turn.usage:
         data["usage"] = turn.usage
-    await checkpoint.finish_turn(
-        db,
+    return checkpoint.ending_turn(
         session,
         turn_id=turn.turn_id,
         outcome=EventSpec("turn.completed", data, turn_id=turn.turn_id),
