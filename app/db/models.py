@@ -22,6 +22,14 @@ class Session(Base):
             "external_id",
             unique=True,
         ),
+        # The sessions that run a turn: counted per organization at turn admission,
+        # searched by the recovery sweep (migration 0011).
+        Index(
+            "ix_sessions_organization_id_running",
+            "organization_id",
+            postgresql_where=text("active_turn_id IS NOT NULL"),
+            sqlite_where=text("active_turn_id IS NOT NULL"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
