@@ -96,7 +96,8 @@ async def test_a_response_leaves_in_one_send_head_and_body() -> None:
     (sent,) = transport.sends
     assert sent.startswith(b"HTTP/1.1 200 OK\r\n")
     assert sent.endswith(b"\r\n\r\nhello")
-    assert connection.cycle is not None and connection.cycle.transport is transport
+    assert connection.cycle is not None
+    assert connection.cycle.transport is transport
     # A second request on the connection: one send again.
     connection.data_received(REQUEST)
     await until(lambda: len(transport.sends) == 2)
@@ -127,7 +128,8 @@ async def test_a_streams_head_leaves_before_its_first_frame() -> None:
     assert transport.sends[0].startswith(b"HTTP/1.1 200 OK\r\n")
     assert transport.sends[0].endswith(b"\r\n\r\n")
     # From then on the stream's frames go to the socket's transport itself.
-    assert connection.cycle is not None and connection.cycle.transport is transport
+    assert connection.cycle is not None
+    assert connection.cycle.transport is transport
     frame.set()
     await until(lambda: len(transport.sends) == 2)
     # The frame, and the end of the chunked body.
