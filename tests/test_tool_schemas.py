@@ -98,9 +98,10 @@ async def test_other_requests_are_served_while_a_large_tool_list_is_checked(
         waited = time.monotonic() - asked
         assert health.status_code == 200
         # The check takes over a second here; /health waits for a share of the
-        # interpreter lock at most (before, it waited for the whole check).
+        # interpreter lock at most (before, it waited for the whole check). The bound
+        # leaves room for a loaded machine (a CI run once read 0.26 s).
         assert not patch.done(), "/health was answered only after the tools' check"
-        assert waited < 0.25, f"/health took {waited:.2f} s during the check"
+        assert waited < 0.5, f"/health took {waited:.2f} s during the check"
         answer = await patch
         assert answer.status_code == 200, answer.text
         assert len(answer.json()["tools"]) == 100
