@@ -2,6 +2,7 @@
 and event times minted per live delta take the fast path to the same forms."""
 
 import itertools
+import os
 import time
 from datetime import UTC, datetime
 
@@ -65,3 +66,45 @@ def test_the_event_time_of_now_is_the_millisecond_of_now(
             microsecond=ms % 1000 * 1000 + 999
         )
         assert wire.event_now() == wire.event_ts(moment)
+
+
+def test_random_ids_are_version_4_and_distinct_across_blocks() -> None:
+    # Several blocks of the OS's random bytes: no id repeats where one block ends.
+    minted = [ids.uuid4() for _ in range(3 * ids._BLOCK // 16 + 7)]
+    assert len(set(minted)) == len(minted)
+    for value in minted:
+        assert value.version == 4
+        assert value.variant == "specified in RFC 4122"
+    # Every one of the 122 random bits takes both values.
+    ones = 0
+    zeros = 0
+    for value in minted:
+        ones |= value.int
+        zeros |= ~value.int
+    fixed = (0xF << 76) | (0b11 << 62)
+    assert ones | fixed == (1 << 128) - 1
+    assert zeros & ((1 << 128) - 1) | fixed == (1 << 128) - 1
+
+
+def test_a_forked_child_does_not_mint_its_parents_next_ids() -> None:
+    ids.uuid4()  # the parent holds a block
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(read)
+        os.write(write, ids.uuid4().bytes + ids.uuid7().bytes)
+        os._exit(0)
+    os.close(write)
+    try:
+        received = b""
+        while len(received) < 32:
+            chunk = os.read(read, 32 - len(received))
+            assert chunk, "the child wrote nothing"
+            received += chunk
+    finally:
+        os.close(read)
+        os.waitpid(child, 0)
+    assert ids.uuid4().bytes != received[:16]
+    assert (ids.uuid7().int & ((1 << 62) - 1)) != (
+        int.from_bytes(received[16:], "big") & ((1 << 62) - 1)
+    )

@@ -19,7 +19,7 @@ from app import wire
 from app.db.rows import EventRow, LockedSession, MessageRow
 from app.db.types import utcnow
 from app.db.writes import Write
-from app.ids import format_id, uuid7
+from app.ids import format_id, uuid4, uuid7
 from app.journal import lifecycle, render
 from app.journal.events import EventSpec, render_event_rows
 from app.journal.parts import (
@@ -66,7 +66,7 @@ def new_message(
     client_message_id: str | None = None,
 ) -> MessageRow:
     return MessageRow(
-        id=uuid.uuid4(),
+        id=uuid4(),
         session_id=session.id,
         sequence=sequence,
         role=role,

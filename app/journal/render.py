@@ -36,8 +36,12 @@ def message_wire(row: MessageRow) -> dict[str, Any]:
         value = row.extra.get(key)
         if value is not None:
             body[key] = value
-    body["created_at"] = wire.timestamp(row.created_at)
-    body["updated_at"] = wire.timestamp(row.updated_at)
+    created = wire.timestamp(row.created_at)
+    body["created_at"] = created
+    # A new message's two times are one: formatted once.
+    body["updated_at"] = (
+        created if row.updated_at == row.created_at else wire.timestamp(row.updated_at)
+    )
     body["revision"] = row.revision
     body["state"] = row.state
     body["visibility"] = row.visibility
