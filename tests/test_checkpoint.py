@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import aiosqlite
 import orjson
 import pytest
 from sqlalchemy import select
@@ -379,8 +380,6 @@ async def test_a_sqlite_checkpoint_takes_three_trips_to_the_connections_thread(
     """BEGIN with the session's lock, the message, session row and events together,
     and COMMIT: each trip to aiosqlite's thread costs ~22 µs of CPU, its statements
     ~1 each."""
-    import aiosqlite
-
     handle = database(running)
     sid = await new_session_row(handle)
     trips = 0

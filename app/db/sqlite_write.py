@@ -105,10 +105,7 @@ class SqliteWrite(Write):
         def run() -> T:
             conn: sqlite3.Connection = self._driver._conn
             if not self._begun:
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                except sqlite3.OperationalError as exc:
-                    raise _Failed("BEGIN IMMEDIATE", exc) from exc
+                _rows(conn, "BEGIN IMMEDIATE", "BEGIN IMMEDIATE", ())
                 self._begun = True
             return work(conn)
 
@@ -119,11 +116,8 @@ class SqliteWrite(Write):
         return result
 
     async def _fetch(self, sql: str, **values: Any) -> list[Sequence[Any]]:
-        statement = self._statement(sql)
-        args = self._args(statement, values)
-        return await self._in_thread(
-            lambda conn: _rows(conn, sql, statement.text, args)
-        )
+        step = self._step(sql, values)
+        return await self._in_thread(lambda conn: _rows(conn, *step))
 
     async def _execute(self, sql: str, **values: Any) -> int:
         # One trip to the connection's thread: the statement's rows (RETURNING 1) are
@@ -184,28 +178,28 @@ class SqliteWrite(Write):
     ) -> None:
         # One trip to the connection's thread for all of it; the message first: if
         # it is not written, nothing is.
-        steps: list[tuple[str, str, list[Any]]] = []
+        first = None
         if message is not None:
             sql = INSERT_MESSAGE if inserted else UPDATE_MESSAGE
-            steps.append(self._step(sql + " RETURNING 1", message_values(message)))
-        steps.append(
+            first = self._step(sql + " RETURNING 1", message_values(message))
+        rest = [
             self._step(
                 UPDATE_SESSION,
                 session_values(session, now, started=started, finished=finished),
             )
-        )
+        ]
         if events:
             args: list[Any] = []
             for e in events:
                 args += (e.id.hex, session.id.hex, e.sequence, e.type)
                 args += (_sqlite_value(e.turn_id), _sqlite_value(now), e.body)
-            steps.append((INSERT_EVENTS, _insert_events(len(events)), args))
+            rest.append((INSERT_EVENTS, _insert_events(len(events)), args))
 
         def write(conn: sqlite3.Connection) -> bool:
-            for index, (sql, text, args) in enumerate(steps):
-                rows = _rows(conn, sql, text, args)
-                if index == 0 and message is not None and len(rows) != 1:
-                    return False
+            if first is not None and len(_rows(conn, *first)) != 1:
+                return False
+            for step in rest:
+                _rows(conn, *step)
             return True
 
         if not await self._in_thread(write):
