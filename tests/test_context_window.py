@@ -25,17 +25,17 @@ def stored(rows: Any) -> list[tuple[int, int, str, str, Any]]:
 
 async def whole(running: Running, session_id: uuid.UUID) -> list[Any]:
     """The newest messages as a read without a window returns them."""
-    database = running.app.state.app.runner.runtime.database
-    recent = await queries.recent_messages(database, session_id, HISTORY_FOR_MODEL)
+    reads = running.app.state.app.reads
+    recent = await queries.recent_messages(reads, session_id, HISTORY_FOR_MODEL)
     return stored(recent.messages)
 
 
 async def through(
     running: Running, session_id: uuid.UUID, window: queries.Window
 ) -> list[Any]:
-    database = running.app.state.app.runner.runtime.database
+    reads = running.app.state.app.reads
     recent = await queries.recent_messages(
-        database, session_id, HISTORY_FOR_MODEL, window=window
+        reads, session_id, HISTORY_FOR_MODEL, window=window
     )
     return stored(recent.messages)
 

@@ -89,7 +89,7 @@ def _discard_closed_connections(engine: AsyncEngine) -> None:
             raise DisconnectionError("connection closed by the server")
 
 
-def read_json(value: str) -> Any:
+def read_json(value: str | bytes) -> Any:
     """Stored JSON columns as the rest of the service can write them again: orjson
     reads an integer past 64 bits as a float (as the model driver does), where the
     standard library would hand back an int that no orjson encoder accepts (PostgreSQL

@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from app.backend import Backend
-from app.db.engine import PG_UNAVAILABLE, pg_connect_arguments
+from app.db.engine import PG_UNAVAILABLE, pg_connect_arguments, read_json
 from app.schemas import MAX_INT32
 from app.settings import Settings
 
@@ -85,6 +85,31 @@ class TurnOutcome:
     asking: list[bytes]  # its streaming messages with an interaction part
 
 
+@dataclass(frozen=True, slots=True)
+class ActiveTurnRow:
+    """What a session's runner reads before each turn: the active turn, the session's
+    attributes, status and cancel request, and whether the turn's agent message is
+    still streaming (a turn left unfinished, to be resumed)."""
+
+    turn_id: uuid.UUID | None
+    attributes: dict[str, Any]
+    status: str
+    cancel_requested: bool
+    resumed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRow:
+    """A message as a step's history holds it."""
+
+    snapshot: bytes
+    role: str
+    sequence: int
+    visibility: str
+    content: list[dict[str, Any]]
+    changed_sequence: int
+
+
 def _page_sql(include_internal: bool, p: Sequence[str], null: dict[str, str]) -> str:
     """The session head and the page in one statement: the first branch yields the
     session row (sequence NULL), the second the newest `limit` messages up to `upto`."""
@@ -122,6 +147,41 @@ def _turn_watch_sql(p: Sequence[str]) -> str:
         "SELECT cancel_requested_at IS NOT NULL,"
         f" (SELECT revision FROM messages WHERE id = {p[1]})"
         f" FROM sessions WHERE id = {p[0]}"
+    )
+
+
+def _active_turn_sql(p: Sequence[str]) -> str:
+    return (
+        "SELECT active_turn_id, attributes, status, cancel_requested_at IS NOT NULL,"
+        " EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id"
+        " AND m.turn_id = s.active_turn_id AND m.state = 'streaming')"
+        f" FROM sessions s WHERE id = {p[0]}"
+    )
+
+
+def _session_part_sql(p: Sequence[str]) -> str:
+    return (
+        "SELECT cancel_requested_at IS NOT NULL, attributes FROM sessions"
+        f" WHERE id = {p[0]}"
+    )
+
+
+_HISTORY_COLUMNS = "snapshot, role, sequence, visibility, content, changed_sequence"
+
+
+def _newest_messages_sql(p: Sequence[str]) -> str:
+    return (
+        f"SELECT {_HISTORY_COLUMNS} FROM messages WHERE session_id = {p[0]}"
+        f" ORDER BY sequence DESC LIMIT {p[1]}"
+    )
+
+
+def _changed_messages_sql(p: Sequence[str]) -> str:
+    """What changed since a window was read, in the order it changed (the range of
+    the (session_id, changed_sequence) index)."""
+    return (
+        f"SELECT {_HISTORY_COLUMNS} FROM messages WHERE session_id = {p[0]}"
+        f" AND changed_sequence > {p[1]} ORDER BY changed_sequence LIMIT {p[2]}"
     )
 
 
@@ -183,6 +243,24 @@ def _bytes(value: str | bytes) -> bytes:
     return value if isinstance(value, bytes) else value.encode()
 
 
+def _json(value: str | bytes | None) -> Any:
+    return None if value is None else read_json(value)
+
+
+def _history(records: Sequence[Sequence[Any]]) -> list[HistoryRow]:
+    return [
+        HistoryRow(
+            _bytes(snapshot),
+            _text(role),
+            sequence,
+            _text(visibility),
+            _json(content),
+            changed,
+        )
+        for snapshot, role, sequence, visibility, content, changed in records
+    ]
+
+
 def _head(record: Sequence[Any], parse: Callable[[Any], uuid.UUID]) -> SessionHead:
     return SessionHead(parse(record[0]), record[1], record[2], record[3])
 
@@ -201,6 +279,10 @@ class Reads:
         self._head = _head_sql(p)
         self._turn_watch = _turn_watch_sql(p)
         self._checkpoints = _checkpoints_sql(p, self.nulls)
+        self._active_turn = _active_turn_sql(p)
+        self._session_part = _session_part_sql(p)
+        self._newest_messages = _newest_messages_sql(p)
+        self._changed_messages = _changed_messages_sql(p)
         self._turn_outcome = _turn_outcome_sql(p, self.nulls)
         self._rows_after = {
             "messages": _rows_after_sql("messages", "snapshot", p),
@@ -297,6 +379,49 @@ class Reads:
         if not records:
             return False, None
         return bool(records[0][0]), records[0][1]
+
+    async def active_turn(self, session_id: uuid.UUID) -> ActiveTurnRow | None:
+        """The session's turn as its runner reads it; None: no such session."""
+        records = await self._fetch(self._active_turn, self._bind(session_id))
+        if not records:
+            return None
+        turn_id, attributes, status, cancel_requested, resumed = records[0]
+        return ActiveTurnRow(
+            None if turn_id is None else self._uuid(turn_id),
+            _json(attributes) or {},
+            _text(status),
+            bool(cancel_requested),
+            bool(resumed),
+        )
+
+    async def session_part(
+        self, session_id: uuid.UUID
+    ) -> tuple[bool, dict[str, Any]] | None:
+        """Whether a cancel of the session's turn was requested, and its attributes;
+        None: no such session."""
+        records = await self._fetch(self._session_part, self._bind(session_id))
+        if not records:
+            return None
+        return bool(records[0][0]), _json(records[0][1]) or {}
+
+    async def newest_messages(
+        self, session_id: uuid.UUID, limit: int
+    ) -> list[HistoryRow]:
+        """The session's `limit` newest messages, newest first."""
+        return _history(
+            await self._fetch(self._newest_messages, self._bind(session_id), limit)
+        )
+
+    async def changed_messages(
+        self, session_id: uuid.UUID, after: int, limit: int
+    ) -> list[HistoryRow]:
+        """Up to `limit` messages of the session changed after `after` (their
+        `changed_sequence`), in the order they changed."""
+        return _history(
+            await self._fetch(
+                self._changed_messages, self._bind(session_id), after, limit
+            )
+        )
 
     async def checkpoints(
         self, session_id: uuid.UUID, *, after: int, upto: int

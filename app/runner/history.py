@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from app import wire
 from app.catalog.registry import Catalog, Model
 from app.db.admission import Units
+from app.db.reads import Reads
 from app.runner import builtin_tools, composer, queries
 from app.runner.drivers import create_driver
 from app.runner.drivers.base import Driver
@@ -72,10 +73,16 @@ class Context:
 
 class History:
     def __init__(
-        self, *, settings: Settings, database: Units, catalog: Catalog | None
+        self,
+        *,
+        settings: Settings,
+        database: Units,
+        reads: Reads,
+        catalog: Catalog | None,
     ) -> None:
         self.settings = settings
         self.database = database
+        self.reads = reads
         # The models sessions and messages select (their name for the provider, their
         # context size); None: the driver's own model and MODEL_CONTEXT_TOKENS.
         self.catalog = catalog
@@ -105,7 +112,7 @@ class History:
         if window is None:
             window = self.windows[session_id] = queries.Window()
         recent = await queries.recent_messages(
-            self.database, session_id, HISTORY_FOR_MODEL, session, window
+            self.reads, session_id, HISTORY_FOR_MODEL, session, window
         )
         attributes, rows = recent.session.attributes, recent.messages
         consumed = max((row.sequence for row in rows if row.role == "user"), default=0)

@@ -1,6 +1,7 @@
 """The runner's SQL: every statement a turn, its recovery and its history read, in one
 place. Each function takes the database and runs its own unit of work (a checkpoint's
-statements are the journal's, inside the fenced unit of `Fence.checkpoint`)."""
+statements are the journal's, inside the fenced unit of `Fence.checkpoint`), or the
+single-statement reads (app/db/reads.py) for what every turn and step reads first."""
 
 import uuid
 from collections.abc import Sequence
@@ -8,10 +9,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, Row, bindparam, exists, func, insert, or_, select
+from sqlalchemy import bindparam, func, insert, or_, select
 
 from app.db import models
 from app.db.admission import Units
+from app.db.reads import HistoryRow, Reads
 from app.db.rows import MessageRow
 from app.db.types import utcnow
 from app.journal import checkpoint
@@ -22,49 +24,9 @@ DEFAULT_MAX_ITERATIONS = 20
 WAITING = "waitingfortoolresults"
 
 
-# The statements every turn runs, built once: building and cache-keying a statement
-# costs more CPU than running it (about 300 of 570 us on PostgreSQL).
-_ACTIVE_TURN = select(
-    models.Session.active_turn_id,
-    models.Session.attributes,
-    models.Session.status,
-    models.Session.cancel_requested_at,
-    exists().where(
-        models.Message.session_id == models.Session.id,
-        models.Message.turn_id == models.Session.active_turn_id,
-        models.Message.state == "streaming",
-    ),
-).where(models.Session.id == bindparam("session_id"))
+# Built once: building and cache-keying a statement costs more CPU than running it.
 _ATTRIBUTES = select(models.Session.attributes).where(
     models.Session.id == bindparam("session_id")
-)
-_CANCEL_AND_ATTRIBUTES = select(
-    models.Session.cancel_requested_at, models.Session.attributes
-).where(models.Session.id == bindparam("session_id"))
-_HISTORY_COLUMNS = (
-    models.Message.snapshot,
-    models.Message.role,
-    models.Message.sequence,
-    models.Message.visibility,
-    models.Message.content,
-    models.Message.changed_sequence,
-)
-_NEWEST_MESSAGES = (
-    select(*_HISTORY_COLUMNS)
-    .where(models.Message.session_id == bindparam("session_id"))
-    .order_by(models.Message.sequence.desc())
-    .limit(bindparam("limit", type_=Integer))
-)
-# What changed since a window was read, in the order it changed (the range of the
-# (session_id, changed_sequence) index); `limit` rows or more: read the window whole.
-_CHANGED_MESSAGES = (
-    select(*_HISTORY_COLUMNS)
-    .where(
-        models.Message.session_id == bindparam("session_id"),
-        models.Message.changed_sequence > bindparam("after", type_=Integer),
-    )
-    .order_by(models.Message.changed_sequence)
-    .limit(bindparam("limit", type_=Integer))
 )
 
 
@@ -80,21 +42,17 @@ class ActiveTurn:
     session: "SessionPart | None" = None
 
 
-async def active_turn(database: Units, session_id: uuid.UUID) -> ActiveTurn:
+async def active_turn(reads: Reads, session_id: uuid.UUID) -> ActiveTurn:
     """The session's running turn. A turn waiting for client tool results has no
     runner until they arrive (or a cancel is requested)."""
-    async with database.statements() as conn:
-        row = (
-            await conn.execute(_ACTIVE_TURN, {"session_id": session_id})
-        ).one_or_none()
+    row = await reads.active_turn(session_id)
     if row is None:
         return ActiveTurn(None)
     cap = int(row.attributes.get("max_iterations") or DEFAULT_MAX_ITERATIONS)
-    cancelled = row.cancel_requested_at is not None
-    if not runnable(row.active_turn_id, row.status, cancelled):
+    if not runnable(row.turn_id, row.status, row.cancel_requested):
         return ActiveTurn(None, cap)
-    session = SessionPart(cancelled, row.attributes or {})
-    return ActiveTurn(row.active_turn_id, cap, bool(row[4]), session)
+    session = SessionPart(row.cancel_requested, row.attributes)
+    return ActiveTurn(row.turn_id, cap, row.resumed, session)
 
 
 def runnable(turn_id: uuid.UUID | None, status: str, cancel_requested: bool) -> bool:
@@ -130,7 +88,7 @@ class Recent:
     messages, oldest first."""
 
     session: SessionPart
-    messages: Sequence[Row[Any]]
+    messages: Sequence[HistoryRow]
 
 
 @dataclass(slots=True)
@@ -142,9 +100,9 @@ class Window:
     window up to date: a step of a long conversation reads the messages that changed
     since the step before instead of its whole recent history."""
 
-    rows: dict[int, Row[Any]] = field(default_factory=dict)
+    rows: dict[int, HistoryRow] = field(default_factory=dict)
     # The rows, oldest first, as the last read left them.
-    newest: list[Row[Any]] = field(default_factory=list)
+    newest: list[HistoryRow] = field(default_factory=list)
     # The highest `changed_sequence` read; None: nothing read yet.
     changed: int | None = None
     # Rows the last read fetched.
@@ -154,7 +112,7 @@ class Window:
         self.rows.clear()
         self.changed = None
 
-    def merge(self, rows: Sequence[Row[Any]], limit: int) -> list[Row[Any]]:
+    def merge(self, rows: Sequence[HistoryRow], limit: int) -> list[HistoryRow]:
         """The window with `rows` (what changed, or the newest whole) merged in: its
         `limit` newest, oldest first."""
         self.fetched = len(rows)
@@ -171,7 +129,7 @@ class Window:
 
 
 async def recent_messages(
-    database: Units,
+    reads: Reads,
     session_id: uuid.UUID,
     limit: int,
     session: SessionPart | None = None,
@@ -180,24 +138,20 @@ async def recent_messages(
     """The session's cancel request and attributes (read first: a cancel that commits
     after it is seen at the step's checkpoint; `session` when they were just read),
     and its `limit` newest messages: with `window`, only those that changed since it
-    was read, merged into it."""
-    params: dict[str, Any] = {"session_id": session_id, "limit": limit}
-    async with database.statements() as conn:
-        if session is None:
-            row = (await conn.execute(_CANCEL_AND_ATTRIBUTES, params)).one_or_none()
-            cancel, attributes = row if row is not None else (None, {})
-            session = SessionPart(cancel is not None, attributes or {})
-        rows: Sequence[Row[Any]] | None = None
-        if window is not None and window.changed is not None:
-            after = {**params, "after": window.changed}
-            changed = (await conn.execute(_CHANGED_MESSAGES, after)).all()
-            if len(changed) < limit:
-                rows = changed
-            else:
-                # As many changes as the window holds: it is read whole.
-                window.reset()
-        if rows is None:
-            rows = (await conn.execute(_NEWEST_MESSAGES, params)).all()
+    was read, merged into it. Each read is one statement on the reads' driver."""
+    if session is None:
+        part = await reads.session_part(session_id)
+        session = SessionPart(*part) if part is not None else SessionPart(False, {})
+    rows: Sequence[HistoryRow] | None = None
+    if window is not None and window.changed is not None:
+        changed = await reads.changed_messages(session_id, window.changed, limit)
+        if len(changed) < limit:
+            rows = changed
+        else:
+            # As many changes as the window holds: it is read whole.
+            window.reset()
+    if rows is None:
+        rows = await reads.newest_messages(session_id, limit)
     if window is None:
         return Recent(session, list(reversed(rows)))
     return Recent(session, window.merge(rows, limit))

@@ -72,7 +72,9 @@ class TurnRunner:
             reads=reads,
             bus=bus,
             fence=Fence(settings=settings, database=units, leases=self.leases, bus=bus),
-            history=History(settings=settings, database=units, catalog=catalog),
+            history=History(
+                settings=settings, database=units, reads=reads, catalog=catalog
+            ),
         )
         # Set by the application when metrics are on.
         self.metrics: Metrics | None = None
@@ -274,7 +276,7 @@ class TurnRunner:
         """The session's turns, one after another, while it has one to run."""
         while True:
             self.rekick.discard(session_id)
-            active = await queries.active_turn(self.runtime.database, session_id)
+            active = await queries.active_turn(self.runtime.reads, session_id)
             turn_id = active.turn_id
             if turn_id is None:
                 return
