@@ -2,11 +2,13 @@
 rejected request leaves the database exactly as it was."""
 
 import logging
+import sqlite3
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
+import aiosqlite
 import httpx
 import pytest
 from sqlalchemy import func, select
@@ -756,3 +758,23 @@ async def test_database_outage_is_503_with_retry_after(
     assert problem["retry_after_seconds"] == 2
     assert response.headers["retry-after"] == "2"
     assert "db is down" not in response.text
+
+
+@pytest.mark.sqlite_only(reason="the SQLite reads' own driver error")
+async def test_a_locked_sqlite_file_on_a_read_is_503_not_500(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request-path reads (and the runner's) run on aiosqlite connections of
+    their own: SQLite's "database is locked" there is the database being
+    unavailable, as it is through SQLAlchemy."""
+
+    async def locked(*_args: Any, **_kwargs: Any) -> Any:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(aiosqlite.Connection, "execute_fetchall", locked)
+    response = await assert_unchanged(
+        world, world.client.get(f"/v1/sessions/{world.sid}/messages")
+    )
+    problem = assert_problem(response, 503, code="unavailable")
+    assert response.headers["retry-after"] == "2"
+    assert "locked" not in problem["detail"]

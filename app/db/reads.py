@@ -8,6 +8,7 @@ databases but for placeholders and typed NULLs; it lives here, beside the two dr
 """
 
 import asyncio
+import sqlite3
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -580,6 +581,10 @@ class SqliteReads(Reads):
         conn = await self._idle.get()
         try:
             return list(await conn.execute_fetchall(sql, args))
+        except sqlite3.OperationalError as exc:
+            # A locked or unreadable file: what callers treat as "the database is
+            # unavailable", as on PostgreSQL.
+            raise OperationalError(sql, None, exc) from exc
         finally:
             self._idle.put_nowait(conn)
 
