@@ -6,7 +6,9 @@ API key is created once however many processes start together."""
 import asyncio
 import time
 import uuid
+from typing import Any
 
+import pydantic
 import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -134,3 +136,25 @@ async def test_processes_starting_together_create_one_first_key(
     finally:
         for database in databases:
             await database.dispose()
+
+
+async def test_a_started_app_has_built_its_routes(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FastAPI builds a route's request and response models the first time a request
+    is matched against it; a started app has had every route built, so its first
+    request (a readiness probe, typically) does not pay for all of them."""
+    built = 0
+    type_adapter = pydantic.TypeAdapter.__init__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        nonlocal built
+        built += 1
+        type_adapter(self, *args, **kwargs)
+
+    monkeypatch.setattr(pydantic.TypeAdapter, "__init__", counted)
+    response = await running.client.get("/ready")
+    assert response.status_code == 200, response.text
+    missing = await running.client.get("/v1/sessions/session_0/no-such-route")
+    assert missing.status_code == 404
+    assert built == 0
