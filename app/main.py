@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from app import __doc__ as app_doc
 from app.api.ag_ui import router as ag_ui_router
 from app.api.agent import card_router, router as agent_router
-from app.api.asgi import Service, TracedService, warm_routes
+from app.api.asgi import Service, TracedService
 from app.api.branches import router as branches_router
 from app.api.catalog import router as catalog_router
 from app.api.chat import router as chat_router
@@ -231,7 +231,6 @@ def create_app(settings: Settings | None = None) -> Service:
 @asynccontextmanager
 async def lifespan(parts: Parts, app: FastAPI) -> AsyncIterator[None]:
     """Start what the application holds for its lifetime, serve, then stop it."""
-    await warm_routes(app)
     state, dispatcher = await start_state(parts)
     app.state.app = state
     limiter, metrics = parts.limiter, parts.metrics

@@ -11,39 +11,6 @@ from app.api.hot import HotRoutes
 from app.metrics import Metrics, answer as answer_metrics
 from app.telemetry import traces
 
-# A path no route matches: matching it walks every route.
-_UNROUTED = "/.evermirror-warm-up"
-
-
-async def warm_routes(api: FastAPI) -> None:
-    """Have FastAPI build every route's request and response models now. It builds
-    them the first time a request is matched against them (0.2 s on an idle core for
-    this service's routes, over a second under load), which would land on the first
-    request a new process serves: a readiness probe with a 1 s timeout, say. The
-    router alone is called, outside the middleware, with a path it does not route:
-    its plain 404 is dropped."""
-
-    async def receive() -> Message:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(_message: Message) -> None:
-        return None
-
-    scope: Scope = {
-        "type": "http",
-        "http_version": "1.1",
-        "method": "GET",
-        "scheme": "http",
-        "path": _UNROUTED,
-        "raw_path": _UNROUTED.encode(),
-        "root_path": "",
-        "query_string": b"",
-        "headers": [],
-        "client": ("127.0.0.1", 0),
-        "server": ("127.0.0.1", 0),
-    }
-    await api.router(scope, receive, send)
-
 
 class Service:
     """The ASGI application: a plain wrapper in front of the FastAPI app. Hot requests

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from app import wire
-from app.db.reads import TURN_ENDS, Reads
+from app.db.read_statements import TURN_ENDS
+from app.db.reads import Reads
 from app.errors import Unauthorized
 from app.live.fanout import Fanout
 from app.live.outputs import CYCLE, GONE, RESYNC, REVOKED, EventOut
