@@ -412,6 +412,6 @@ async def test_regenerate_asks_again_in_a_fork_where_the_chat_goes_on(
     assert [text_of(m) for m in await all_messages(client, old)] == ["say it again"] * 2
     await wait_idle(client, new)
     more = await chat(client, "chat-regen", question, answer, user("ui-2", "and then"))
-    assert text_deltas(more) == "and then"
+    assert text_deltas(more) == "and then", more
     assert [text_of(m) for m in await all_messages(client, new)][-1] == "and then"
     assert len(await all_messages(client, old)) == 2

@@ -108,9 +108,12 @@ async def test_sdk_stream_follows_a_whole_turn(
         stream = client.events.stream(session.id)
         async with consuming(stream) as received:
             # Without a cursor the stream starts live. Warm-up turns until the stream
-            # has delivered an event prove it is subscribed before the turn we follow.
+            # has delivered a durable event prove it is subscribed before the turn we
+            # follow. (A delta is no proof: the stream subscribes, then reads where it
+            # starts, so a warm-up that ends in between can send a delta of a message
+            # whose durable events all fall before the start.)
             deadline = time.monotonic() + WAIT
-            while not received:
+            while not any(e.sequence is not None for e in received):
                 assert time.monotonic() < deadline, "the SDK stream never delivered"
                 warm = await client.messages.create(session.id, "warm up")
                 await wait_sdk_idle(client, session.id, WAIT)
