@@ -2,11 +2,12 @@
 
 A real server runs `/scenario long 5000` (5,000 deltas, 20 ms apart: the model's pace does
 not wait for a reader that falls behind, so a shorter reply could end before the kill on a
-loaded machine); once deltas flow the process is killed without any chance to clean up, and
-a new server is started on the same database. The database must be authoritative afterwards (DESIGN.md 3.1, seed "Streaming and
-persistence boundary"): the interrupted agent message is closed with an `error` part, the
-turn failed, the session idles, nothing that committed before the kill changed, and a
-client that reconnects with the cursor it had converges to `GET .../messages`.
+loaded machine); once deltas flow the process is killed without any chance to clean up,
+and a new server is started on the same database. The database must be authoritative
+afterwards (DESIGN.md 3.1, seed "Streaming and persistence boundary"): the interrupted
+agent message is closed with an `error` part, the turn failed, the session idles, nothing
+that committed before the kill changed, and a client that reconnects with the cursor it
+had converges to `GET .../messages`.
 """
 
 import asyncio
