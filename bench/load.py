@@ -187,6 +187,10 @@ class FanoutResult:
     early_max_ms: float = math.nan
     # The turn's deltas per second over the pace its model set (1.0: kept up).
     pace: float = math.nan
+    # Latency from each delta's place in its model's schedule, not from its `ts`: a
+    # server that publishes late is not measured from its late stamps.
+    scheduled_p50_ms: float = math.nan
+    scheduled_p99_ms: float = math.nan
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -238,9 +242,11 @@ class Subscribers:
         run_timeout: float,
         paths: list[str] | None = None,
         stamps: bool = False,
+        interval_ms: int | None = None,
     ) -> "Subscribers":
         """`total` subscribers of `path`, or one of each of `paths`; with `stamps` they
-        count the provider's send times in the text (see `bench.sse_worker`)."""
+        count the provider's send times in the text, with `interval_ms` latencies from
+        the model's schedule too (see `bench.sse_worker`)."""
         host, _, port = url.removeprefix("http://").partition(":")
         if paths is not None:
             total = len(paths)
@@ -261,6 +267,7 @@ class Subscribers:
                 "count": count,
                 "expected": expected,
                 "stamps": stamps,
+                "interval_ms": interval_ms,
                 "connect_timeout": 30 + count / 20,
                 "run_timeout": run_timeout,
                 "result_path": str(result_path),
@@ -348,6 +355,7 @@ class Subscribers:
             "received": [],
             "latencies_ms": [],
             "early_ms": [],
+            "scheduled_ms": [],
             "first_sent": None,
             "last_received": None,
             "connected": 0,
@@ -357,6 +365,7 @@ class Subscribers:
             merged["received"] += result["received"]
             merged["latencies_ms"] += result["latencies_ms"]
             merged["early_ms"] += result.get("early_ms", [])
+            merged["scheduled_ms"] += result.get("scheduled_ms", [])
             merged["connected"] += result["connected"]
             for key, pick in (("first_sent", min), ("last_received", max)):
                 if result[key] is not None:
@@ -381,6 +390,7 @@ def fanout_result(
 ) -> FanoutResult:
     latencies: list[float] = merged["latencies_ms"]
     early: list[float] = merged["early_ms"]
+    scheduled: list[float] = merged.get("scheduled_ms", [])
     received = sum(merged["received"])
     first, last = merged["first_sent"], merged["last_received"]
     seconds = (last - first) if first is not None and last is not None else math.nan
@@ -398,6 +408,8 @@ def fanout_result(
         early_p50_ms=statistics.median(early) if early else math.nan,
         early_max_ms=max(early) if early else math.nan,
         pace=pace,
+        scheduled_p50_ms=statistics.median(scheduled) if scheduled else math.nan,
+        scheduled_p99_ms=percentile(scheduled, 99),
     )
 
 

@@ -2,9 +2,16 @@
 `bench.load.Subscribers` as `python -m bench.sse_worker '<json config>'`.
 
 It costs little next to the server it measures: asyncio protocols (uvloop when present)
-instead of streams, HTTP/1.1 de-chunking and SSE framing by byte search, and at receipt
-it only stamps the time and pulls four fields out of each counted frame with `find`
-(order-independent, no JSON parse). Latencies are computed after the run.
+instead of streams. Once a subscriber has its first frame, a receipt costs a time stamp,
+an append of the bytes as read and a count of the delta frames in them (for `complete`):
+one core's worth of subscribers must not be what the latencies measure. De-chunking, SSE
+framing and the fields of each frame (by byte search, no JSON parse) come after the run,
+from the bytes and their receipt times, as do the latencies.
+
+With `interval_ms` (the model's pace), each delta's latency is also counted from when
+its model had it (`scheduled`): delta i of a turn is due `interval_ms` x i after the
+turn's start, the earliest that every delta's `ts` allows. A server that publishes late
+keeps its deltas' `ts` close to their receipt, but not their schedule.
 
 With `stamps`, each subscriber has its own path (`paths`) and counts instead the send
 times the model provider wrote into the text (`@<unix seconds>; `, see
@@ -30,6 +37,8 @@ import orjson
 
 # Frames that carry a streamed delta, on the Mutation stream and on upstream's /sse.
 DELTA_EVENTS = (b"event: delta\n", b"event: output.message.delta\n")
+# Bytes kept from one read to count a delta frame's line split between two.
+SPLIT_TAIL = max(len(e) for e in DELTA_EVENTS) - 1
 # Only deltas of the measured turn are counted: its chunks are `chunk<i> `.
 MARKER = b"chunk"
 
@@ -103,6 +112,13 @@ class Subscriber(asyncio.Protocol):
         self.ready = False
         self.counted = 0
         self.records: list[Record] = []
+        # Once ready (counting frames, not stamps): each read as received, parsed after
+        # the run, and the end of the last read (a delta line split across two).
+        self.received: list[tuple[float, bytes]] = []
+        self.tail = b""
+        self.live_count = 0
+        # Parsing after the run: the worker was told what it had to be told.
+        self.late = False
         # stamps mode: each stamp's first arrival.
         self.stamps: dict[bytes, float] = {}
         self.answered = asyncio.get_running_loop().create_future()
@@ -120,6 +136,28 @@ class Subscriber(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         now = time.time()
+        if self.ready and not self.worker.stamps:
+            self.received.append((now, data))
+            window, tail = self.tail + data, self.tail
+            self.tail = window[-SPLIT_TAIL:]
+            before = self.counted + self.live_count
+            for event in DELTA_EVENTS:
+                # A line that ends in this read but began in the last one counts now.
+                self.live_count += window.count(event) - tail.count(event)
+            if before < self.worker.expected <= self.counted + self.live_count:
+                self.worker.on_complete()
+            return
+        self.process(data, now)
+
+    def parse_received(self) -> None:
+        """After the run: what was received once ready, parsed as it would have been."""
+        received, self.received = self.received, []
+        self.live_count = 0
+        self.late = True
+        for now, data in received:
+            self.process(data, now)
+
+    def process(self, data: bytes, now: float) -> None:
         if not self.status:
             self.head += data
             end = self.head.find(b"\r\n\r\n")
@@ -175,7 +213,7 @@ class Subscriber(asyncio.Protocol):
                     )
                 )
                 self.counted += 1
-                if self.counted == self.worker.expected:
+                if self.counted == self.worker.expected and not self.late:
                     self.worker.on_complete()
 
     def count_stamps(self, frame: bytes, now: float) -> None:
@@ -202,6 +240,8 @@ class Worker:
     stamps: bool
     connect_timeout: float
     run_timeout: float
+    # The model's pace (seconds between deltas), for latencies from its schedule.
+    interval: float | None = None
     subscribers: list[Subscriber] = field(default_factory=list)
     ready_count: int = 0
     complete_count: int = 0
@@ -317,12 +357,15 @@ def parse_ts(value: bytes) -> float:
 
 
 def summarize(
-    subscribers: list[Subscriber], ts_map: dict[str, list[list[float]]] | None
+    subscribers: list[Subscriber],
+    ts_map: dict[str, list[list[float]]] | None,
+    interval: float | None = None,
 ) -> dict[str, Any]:
     """Per (subscriber, delta): receipt time minus the delta's server timestamp, taken
     from the frame itself or, for frames without one (the Mutation stream), from the
     probe's map of (message, text end offset) -> ts. A frame that covers several deltas
-    (coalesced text) delivers each of them."""
+    (coalesced text) delivers each of them. With `interval` (seconds), receipt time
+    minus the delta's place in its model's schedule too (`scheduled_ms`)."""
     ends: dict[bytes, tuple[list[int], list[float]]] = {}
     for name, pairs in (ts_map or {}).items():
         ordered = sorted(pairs)
@@ -330,8 +373,22 @@ def summarize(
             [int(e) for e, _ in ordered],
             [t for _, t in ordered],
         )
+    # Where each turn's schedule begins: the earliest start its deltas' `ts` allow (no
+    # delta is published before it is due, so a late first delta does not move it).
+    anchors: dict[bytes, float] = {}
+    if interval is not None:
+        for name, (_, ts_list) in ends.items():
+            if ts_list:
+                anchors[name] = min(t - interval * i for i, t in enumerate(ts_list))
+        for sub in subscribers:
+            for _, message_id, _, _, ts, _, chunk in sub.records:
+                if ts is not None and chunk >= 0:
+                    start = parse_ts(ts) - interval * chunk
+                    if start < anchors.get(message_id, start + 1):
+                        anchors[message_id] = start
     latencies: list[float] = []
     early: list[float] = []
+    scheduled: list[float] = []
     received: list[int] = []
     first_sent = float("inf")
     last_received = 0.0
@@ -350,6 +407,9 @@ def summarize(
                 seen.add(key)
                 sent = parse_ts(ts)
                 latencies.append(now - sent)
+                anchor = anchors.get(message_id)
+                if interval is not None and anchor is not None and chunk >= 0:
+                    scheduled.append(now - (anchor + interval * chunk))
                 if 0 <= chunk < EARLY:
                     early.append(now - sent)
                 first_sent = min(first_sent, sent)
@@ -367,6 +427,8 @@ def summarize(
                     continue
                 seen.add(key)
                 latencies.append(now - ts_list[index])
+                if interval is not None:
+                    scheduled.append(now - (anchors[message_id] + interval * index))
                 if index < EARLY:
                     early.append(now - ts_list[index])
                 first_sent = min(first_sent, ts_list[index])
@@ -376,6 +438,7 @@ def summarize(
         "received": received,
         "latencies_ms": [round(value * 1000, 3) for value in latencies],
         "early_ms": [round(value * 1000, 3) for value in early],
+        "scheduled_ms": [round(value * 1000, 3) for value in scheduled],
         "first_sent": first_sent if latencies else None,
         "last_received": last_received if latencies else None,
     }
@@ -394,6 +457,7 @@ def stamp_summary(subscribers: list[Subscriber]) -> dict[str, Any]:
         "received": received,
         "latencies_ms": [round(value * 1000, 3) for value in latencies],
         "early_ms": [],
+        "scheduled_ms": [],
         "first_sent": None,
         "last_received": None,
     }
@@ -410,11 +474,15 @@ async def main(config: dict[str, Any]) -> None:
         stamps=bool(config.get("stamps")),
         connect_timeout=float(config.get("connect_timeout", 60)),
         run_timeout=float(config.get("run_timeout", 300)),
+        interval=(
+            float(config["interval_ms"]) / 1000 if config.get("interval_ms") else None
+        ),
     )
     await worker.connect()
     command = await worker.wait_for_finish()
     for sub in worker.subscribers:
         sub.close()
+        sub.parse_received()
     ts_map = None
     if command.get("ts_map"):
         with open(command["ts_map"], "rb") as handle:  # noqa: ASYNC230  # after the run: blocking is harmless
@@ -422,7 +490,7 @@ async def main(config: dict[str, Any]) -> None:
     result = (
         stamp_summary(worker.subscribers)
         if worker.stamps
-        else summarize(worker.subscribers, ts_map)
+        else summarize(worker.subscribers, ts_map, worker.interval)
     )
     result["connected"] = worker.connected_ok
     result["ready"] = worker.ready_count
