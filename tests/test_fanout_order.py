@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
 import pytest
@@ -20,11 +20,12 @@ from app.ids import format_id, uuid7
 from app.journal import checkpoint
 from app.journal.sessions import lock_session
 from app.live import streams
-from app.live.fanout import Fanout
+from app.live.fanout import SLOW_PASS_SECONDS, Fanout
 from app.live.items import PartStarted, Resync, Wakeup
-from app.live.outputs import EventOut
+from app.live.outputs import Deltas, EventOut
 from app.live.streams import StreamConfig, message_mutations
 from app.live.subscription import Subscription
+from app.live.writer import StreamWriter
 from tests.support.api import create_session, uuid_of
 from tests.support.in_process import Running
 from tests.support.live import text_delta
@@ -63,7 +64,11 @@ def live_text(
 
 
 def mutations(
-    state: Any, fanout: Fanout, session_id: uuid.UUID, after: int | None = 0
+    state: Any,
+    fanout: Fanout,
+    session_id: uuid.UUID,
+    after: int | None = 0,
+    writer: StreamWriter | None = None,
 ) -> AsyncIterator[bytes]:
     """The session's Mutation stream from `after` (None: no cursor), on `fanout`."""
     return message_mutations(
@@ -74,6 +79,7 @@ def mutations(
         include_internal=False,
         config=StreamConfig(retry_ms=100, cycle_seconds=30),
         release=lambda: None,
+        writer=writer,
     )
 
 
@@ -136,14 +142,69 @@ async def test_live_items_queue_behind_a_read_and_skip_the_pump_otherwise(
         assert (len(channel.live), len(sub.pending)) == (0, 1)
         assert frame_names(await asyncio.wait_for(pending, 5)) == ["delta"]
 
-        # Three deltas queued while the stream waited go out as one chunk, in order.
+        # After a slow pass the next waits one turn more, for the publisher's next
+        # deltas: the three published by then are one item for the subscriber, and
+        # one chunk on the wire, in order.
         pending = asyncio.ensure_future(anext(stream))
-        await parked(fanout, session_id)
-        for offset, text in ((8, "a"), (9, "b"), (10, "c")):
+        sub = await parked(fanout, session_id)
+        channel.last_pass = SLOW_PASS_SECONDS
+        fanout.deliver(text_delta(session_id, message_id, 8, "a"))
+        await asyncio.sleep(0)
+        assert (len(channel.live), len(sub.pending)) == (1, 0)
+        for offset, text in ((9, "b"), (10, "c")):
             fanout.deliver(text_delta(session_id, message_id, offset, text))
+        await asyncio.sleep(0)
+        assert (len(channel.live), [type(item) for item in sub.pending]) == (
+            0,
+            [Deltas],
+        )
         chunk = await asyncio.wait_for(pending, 5)
         assert frame_names(chunk) == ["delta", "delta", "delta"]
         assert re.findall(rb'"text":"(\w)"', chunk) == [b"a", b"b", b"c"]
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pending
+        await stream.aclose()  # type: ignore[attr-defined]
+        await fanout.close()
+
+
+async def test_deltas_of_one_pass_go_to_the_socket_in_one_write(
+    running: Running,
+) -> None:
+    """A stream waiting with nothing queued is written from the fan-out's pass, not
+    by its own task: the deltas the publisher had by the pass are one write."""
+    state = running.app.state.app
+    session_id = uuid_of(await create_session(running.client, "one write"))
+    fanout = Fanout(state.reads, 100)
+    writes: list[bytes] = []
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        writes.append(message["body"])
+
+    writer = StreamWriter()
+    writer.send = send
+    stream = mutations(state, fanout, session_id, after=None, writer=writer)
+    pending: asyncio.Future[bytes] | None = None
+    try:
+        assert await asyncio.wait_for(anext(stream), 5) == b"retry: 100\n\n"
+        pending = asyncio.ensure_future(anext(stream))
+        await parked(fanout, session_id)
+        message_id = uuid7()
+        fanout.deliver(live_text(session_id, message_id, 1))
+        assert frame_names(await asyncio.wait_for(pending, 5)) == ["part"]
+
+        pending = asyncio.ensure_future(anext(stream))
+        await parked(fanout, session_id)
+        for offset, text in ((4, "a"), (5, "b"), (6, "c")):
+            fanout.deliver(text_delta(session_id, message_id, offset, text))
+        await wait_until(lambda: bool(writes), "the pass to write", within=5)
+        (chunk,) = writes
+        assert frame_names(chunk) == ["delta", "delta", "delta"]
+        assert re.findall(rb'"text":"(\w)"', chunk) == [b"a", b"b", b"c"]
+        # Written from the pass: the stream's own task had nothing to write.
+        assert not pending.done()
     finally:
         if pending is not None and not pending.done():
             pending.cancel()

@@ -40,6 +40,7 @@ from app.live.outputs import (
     RESYNC,
     REVOKED,
     DeltaOut,
+    Deltas,
     Out,
     PartOut,
     WarningOut,
@@ -112,6 +113,11 @@ def text_units(part: dict[str, Any]) -> int:
     return wire.utf16_len(text) if isinstance(text, str) else 0
 
 
+# A pass that took longer (about a hundred streams' writes) makes the next one wait
+# for the publisher's next deltas: one more turn of the loop, for one write less each.
+SLOW_PASS_SECONDS = 0.001
+
+
 @dataclass(eq=False)
 class Channel:
     session_id: uuid.UUID
@@ -121,17 +127,56 @@ class Channel:
     task: asyncio.Task[None] | None = None
     # Whether the pump is handling an item (a wake-up's read may be in progress).
     busy: bool = False
-    # Live items for the subscribers, offered on the event loop's next turn (`flush`).
+    # Live items for the subscribers, offered in one pass (`pass_soon`).
     live: list[Out] = field(default_factory=list)
+    # How long the last pass took (seconds).
+    last_pass: float = 0.0
 
     def offer(self, item: Out) -> None:
         for sub in tuple(self.subscribers):
             sub.offer(item)
 
+    def pass_soon(self) -> None:
+        """Offer the live items on the loop's next turn: the publisher (the model's
+        reader) goes on at once, and writing to a thousand sockets is not its wait.
+        A channel whose passes take a while (a thousand streams: a thousand socket
+        writes, nearly all of the time in the kernel, whether a pass carries one delta
+        or five) waits one turn more, until everything ready now has run, the publisher
+        too: the deltas it has by then (a model's chunks read together, or those that
+        fell due while the last pass wrote) go to each subscriber in one write."""
+        loop = asyncio.get_running_loop()
+        if self.last_pass < SLOW_PASS_SECONDS:
+            loop.call_soon(self.flush)
+        else:
+            loop.call_soon(loop.call_soon, self.flush)
+
     def flush(self) -> None:
         items, self.live = self.live, []
+        if not items:
+            return
+        started = time.perf_counter()
+        if len(items) > 1:
+            items = _runs_of_deltas(items)
         for item in items:
             self.offer(item)
+        self.last_pass = time.perf_counter() - started
+
+
+def _runs_of_deltas(items: list[Out]) -> list[Out]:
+    """`items` with each run of consecutive deltas as one `Deltas`."""
+    grouped: list[Out] = []
+    run: list[DeltaOut] = []
+    for item in items:
+        if type(item) is DeltaOut:
+            run.append(item)
+            continue
+        if run:
+            grouped.append(run[0] if len(run) == 1 else Deltas(run))
+            run = []
+        grouped.append(item)
+    if run:
+        grouped.append(run[0] if len(run) == 1 else Deltas(run))
+    return grouped
 
 
 class Fanout:
@@ -208,12 +253,11 @@ class Fanout:
             channel.inbox.put_nowait(item)
         else:
             # Nothing is ahead of it: to the subscribers without a hop through the
-            # pump (nearly every live item of a streaming turn), on the loop's next
-            # turn: the publisher (the model's reader) goes on at once, and writing
-            # to a thousand sockets is not its wait.
+            # pump (nearly every live item of a streaming turn), in the channel's
+            # next pass.
             channel.live.append(item)
             if len(channel.live) == 1:
-                asyncio.get_running_loop().call_soon(channel.flush)
+                channel.pass_soon()
 
     def _project(
         self, item: PartStarted | TextDelta | StepEnded, encode: bool

@@ -71,6 +71,16 @@ class DeltaOut:
         return sse
 
 
+class Deltas:
+    """Consecutive live deltas one fan-out pass hands over together: a stream writes
+    their frames to its socket in one write, not one write each."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[DeltaOut]) -> None:
+        self.items = items
+
+
 @dataclass(frozen=True, slots=True)
 class WarningOut:
     """A model retry notice, encoded for both streams."""
@@ -104,5 +114,12 @@ REVOKED = Marker("revoked")
 FLUSH = Marker("flush")
 
 Out = (
-    EventOut | EventMutationOut | MessageOut | PartOut | DeltaOut | WarningOut | Marker
+    EventOut
+    | EventMutationOut
+    | MessageOut
+    | PartOut
+    | DeltaOut
+    | Deltas
+    | WarningOut
+    | Marker
 )

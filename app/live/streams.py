@@ -28,6 +28,7 @@ from app.live.outputs import (
     RESYNC,
     REVOKED,
     DeltaOut,
+    Deltas,
     EventMutationOut,
     EventOut,
     Marker,
@@ -357,9 +358,14 @@ async def _stream(
     delta_frame = view.delta_frame
 
     def direct(item: Out) -> Out | None:
-        if type(item) is not DeltaOut or writer is None or writer.send is None:
+        if writer is None or writer.send is None:
             return item
-        frame = delta_frame(item)
+        if type(item) is DeltaOut:
+            frame = delta_frame(item)
+        elif type(item) is Deltas:
+            frame = _joined(delta_frame, item.items)
+        else:
+            return item
         if frame is None:
             return None
         return None if writer.write_now(frame) else FLUSH
@@ -385,6 +391,10 @@ async def _stream(
             # Deltas first: nearly every item of a streaming turn is one.
             if type(item) is DeltaOut:
                 frame = delta_frame(item)
+                if frame is not None:
+                    batch.add(frame)
+            elif type(item) is Deltas:
+                frame = _joined(delta_frame, item.items)
                 if frame is not None:
                     batch.add(frame)
             elif item is FLUSH:
@@ -470,6 +480,14 @@ async def _replay_events(
                 yield frames.durable_event(event_id, event_type, body, config.retry_ms)
         if len(rows) < REPLAY_PAGE:
             return
+
+
+def _joined(
+    delta_frame: Callable[[DeltaOut], bytes | None], items: list[DeltaOut]
+) -> bytes | None:
+    """The frames of consecutive deltas as one chunk (None: none for this client)."""
+    frames = [frame for item in items if (frame := delta_frame(item)) is not None]
+    return b"".join(frames) if frames else None
 
 
 def _delta_mutation(item: DeltaOut, sent: dict[str, int]) -> bytes | None:
