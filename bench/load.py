@@ -43,6 +43,8 @@ class WrkResult:
         }
 
 
+# A model chunk of the measured turn's text (`/scenario long`).
+CHUNK = re.compile(r"chunk\d+ ")
 _UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
 
 
@@ -476,10 +478,16 @@ class Probe:
         elif event == b"output.message.delta":
             body = orjson.loads(data)
             delta = body["data"]
-            if "chunk" in delta.get("delta", ""):
-                self.deltas.setdefault(delta["message_id"], []).append(
-                    [len(delta["accumulated"]), parse_ts(body["ts"].encode())]
-                )
+            text = delta.get("delta", "")
+            if "chunk" in text:
+                # One entry per model chunk (`chunk<i> `), also when a process that
+                # heard the turn over the bus joined several into one delta: where
+                # each ends, and the delta's `ts`.
+                ts = parse_ts(body["ts"].encode())
+                start = len(delta["accumulated"]) - len(text)
+                pairs = self.deltas.setdefault(delta["message_id"], [])
+                for piece in CHUNK.finditer(text):
+                    pairs.append([start + piece.end(), ts])
         elif event in (b"turn.completed", b"turn.failed", b"turn.cancelled"):
             self.completed += 1
 
