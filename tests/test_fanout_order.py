@@ -22,7 +22,7 @@ from app.journal.sessions import lock_session
 from app.live import streams
 from app.live.fanout import SLOW_PASS_SECONDS, Fanout
 from app.live.items import PartStarted, Resync, Wakeup
-from app.live.outputs import Deltas, EventOut
+from app.live.outputs import RESYNC, Deltas, EventOut
 from app.live.streams import StreamConfig, message_mutations
 from app.live.subscription import Subscription
 from app.live.writer import StreamWriter
@@ -211,6 +211,27 @@ async def test_deltas_of_one_pass_go_to_the_socket_in_one_write(
             with contextlib.suppress(asyncio.CancelledError):
                 await pending
         await stream.aclose()  # type: ignore[attr-defined]
+        await fanout.close()
+
+
+async def test_a_waiter_for_a_turns_end_takes_no_live_items(running: Running) -> None:
+    """A durable-only subscription (a `?wait=true`) is not handed the reply's parts and
+    deltas, which it would wake for only to skip; a stream beside it is."""
+    state = running.app.state.app
+    session_id = uuid_of(await create_session(running.client, "waiter"))
+    fanout = Fanout(state.reads, 100)
+    try:
+        waiter = fanout.subscribe(session_id, durable_only=True)
+        stream = fanout.subscribe(session_id)
+        message_id = uuid7()
+        fanout.deliver(live_text(session_id, message_id, 1))
+        fanout.deliver(text_delta(session_id, message_id, 4, "a"))
+        fanout.deliver(Resync())
+        await wait_until(
+            lambda: len(stream.pending) == 3, "the stream's three items", within=5
+        )
+        assert waiter.pending == [RESYNC]
+    finally:
         await fanout.close()
 
 

@@ -115,7 +115,9 @@ class Wait:
         self.caller = caller
         self.session_id = session_id
         self.slot = state.limits.acquire(session_id, "wait")
-        self.sub = state.fanout.subscribe(session_id, caller.key_hash)
+        self.sub = state.fanout.subscribe(
+            session_id, caller.key_hash, durable_only=True
+        )
 
     def close(self) -> None:
         self.state.fanout.unsubscribe(self.sub)

@@ -339,10 +339,14 @@ class Fanout:
     # ---- subscriber side -----------------------------------------------------------
 
     def subscribe(
-        self, session_id: uuid.UUID, key_hash: str | None = None
+        self,
+        session_id: uuid.UUID,
+        key_hash: str | None = None,
+        *,
+        durable_only: bool = False,
     ) -> Subscription:
         sub = Subscription(
-            session_id, self.queue_size, self.heartbeat_seconds, key_hash
+            session_id, self.queue_size, self.heartbeat_seconds, key_hash, durable_only
         )
         channel = self.channels.get(session_id)
         if channel is None:

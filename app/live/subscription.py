@@ -5,7 +5,10 @@ import time
 import uuid
 from collections.abc import Callable
 
-from app.live.outputs import Marker, Out
+from app.live.outputs import DeltaOut, Deltas, Marker, Out, PartOut
+
+# What a durable-only subscription does not take.
+LIVE = frozenset({DeltaOut, Deltas, PartOut})
 
 
 class Subscription:
@@ -23,6 +26,7 @@ class Subscription:
         "closed",
         "deadline",
         "direct",
+        "durable_only",
         "key_hash",
         "limit",
         "next_heartbeat",
@@ -39,10 +43,14 @@ class Subscription:
         limit: int,
         heartbeat_seconds: float,
         key_hash: str | None = None,
+        durable_only: bool = False,
     ) -> None:
         self.session_id = session_id
         # The key the stream was opened with (None: open mode).
         self.key_hash = key_hash
+        # Takes no live parts or deltas: a waiter for a turn's end, which would wake
+        # for every token of the reply only to skip it.
+        self.durable_only = durable_only
         self.limit = limit
         # A list, not a deque: an idle stream holds it, and an empty deque costs a
         # 0.7 KB block; queues are short, so popping the front is cheap.
@@ -66,6 +74,8 @@ class Subscription:
 
     def offer(self, item: Out) -> None:
         if self.overflowed or self.closed:
+            return
+        if self.durable_only and type(item) in LIVE:
             return
         direct = self.direct
         if direct is not None:

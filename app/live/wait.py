@@ -106,7 +106,7 @@ async def wait_for_turn(
         else:
             # Subscribe first, then read: an end that commits in between is in the
             # read or arrives in the subscription.
-            sub = fanout.subscribe(session_id, key_hash)
+            sub = fanout.subscribe(session_id, key_hash, durable_only=True)
             owned = True
         # The deadline closes the subscription: no timer or task per item waited for.
         timer = loop.call_at(deadline, sub.close)
