@@ -1028,86 +1028,65 @@ def fanout_lines(row: str, results: dict[str, list[FanoutResult]]) -> list[Line]
     def med(name: str, attr: str) -> float:
         return median([getattr(r, attr) for r in results[name]])
 
+    def versus(
+        label: str,
+        attr: str,
+        unit: str,
+        goal: str = "—",
+        met: Callable[[float, float], bool] | None = None,
+        baseline: str = "raw",
+    ) -> Line:
+        """The service's median of `attr` against a baseline's."""
+        ours, theirs = med("service", attr), med(baseline, attr)
+        return Line(
+            row,
+            label,
+            ours,
+            theirs,
+            ratio(ours, theirs),
+            goal,
+            met(ours, theirs) if met is not None else None,
+            unit,
+        )
+
     def worst_lost(name: str) -> float:
         return float(max(r.lost for r in results[name]))
 
-    s_p99, raw_p99, lib_p99 = (
-        med("service", "scheduled_p99_ms"),
-        med("raw", "scheduled_p99_ms"),
-        med("sse-starlette", "scheduled_p99_ms"),
-    )
     s_lost = worst_lost("service")
     return [
-        Line(
-            row,
+        versus(
             "p99 ms from the model's schedule vs hand-written (≤ and 0 lost)",
-            s_p99,
-            raw_p99,
-            ratio(s_p99, raw_p99),
+            "scheduled_p99_ms",
+            "ms",
             "≤ 1.00",
-            not math.isnan(s_p99) and s_p99 <= raw_p99 and s_lost == 0,
-            "ms",
+            lambda ours, theirs: (
+                not math.isnan(ours) and ours <= theirs and s_lost == 0
+            ),
         ),
-        Line(
-            row,
+        versus(
             "p99 ms from the schedule vs sse-starlette",
-            s_p99,
-            lib_p99,
-            ratio(s_p99, lib_p99),
-            unit="ms",
-        ),
-        Line(
-            row,
-            "p50 ms from the schedule vs hand-written",
-            med("service", "scheduled_p50_ms"),
-            med("raw", "scheduled_p50_ms"),
-            ratio(med("service", "scheduled_p50_ms"), med("raw", "scheduled_p50_ms")),
-            unit="ms",
-        ),
-        Line(
-            row,
-            "p99 ms from the delta's ts vs hand-written",
-            med("service", "p99_ms"),
-            med("raw", "p99_ms"),
-            ratio(med("service", "p99_ms"), med("raw", "p99_ms")),
-            unit="ms",
-        ),
-        Line(
-            row,
-            "first 50 deltas: p50 ms vs hand-written (≤ 50 ms)",
-            med("service", "early_p50_ms"),
-            med("raw", "early_p50_ms"),
-            ratio(med("service", "early_p50_ms"), med("raw", "early_p50_ms")),
-            "≤ 50 ms",
-            med("service", "early_p50_ms") <= 50,
+            "scheduled_p99_ms",
             "ms",
+            baseline="sse-starlette",
         ),
-        Line(
-            row,
-            "first 50 deltas: max ms vs hand-written",
-            med("service", "early_max_ms"),
-            med("raw", "early_max_ms"),
-            ratio(med("service", "early_max_ms"), med("raw", "early_max_ms")),
-            unit="ms",
+        versus("p50 ms from the schedule vs hand-written", "scheduled_p50_ms", "ms"),
+        versus("p99 ms from the delta's ts vs hand-written", "p99_ms", "ms"),
+        versus(
+            "first 50 deltas: p50 ms vs hand-written (≤ 50 ms)",
+            "early_p50_ms",
+            "ms",
+            "≤ 50 ms",
+            lambda ours, _: ours <= 50,
         ),
-        Line(
-            row,
+        versus("first 50 deltas: max ms vs hand-written", "early_max_ms", "ms"),
+        versus(
             "turn pace: share of the model's vs hand-written (≥ 0.95)",
-            med("service", "pace"),
-            med("raw", "pace"),
-            ratio(med("service", "pace"), med("raw", "pace")),
-            "≥ 0.95",
-            med("service", "pace") >= 0.95,
+            "pace",
             "share",
+            "≥ 0.95",
+            lambda ours, _: ours >= 0.95,
         ),
-        Line(
-            row,
-            "delivered deltas/s vs hand-written",
-            med("service", "deltas_per_s"),
-            med("raw", "deltas_per_s"),
-            ratio(med("service", "deltas_per_s"), med("raw", "deltas_per_s")),
-            unit="/s",
-        ),
+        versus("delivered deltas/s vs hand-written", "deltas_per_s", "/s"),
         Line(
             row,
             "lost deltas (worst run) vs hand-written",

@@ -377,9 +377,9 @@ def summarize(
     # delta is published before it is due, so a late first delta does not move it).
     anchors: dict[bytes, float] = {}
     if interval is not None:
-        for name, (_, ts_list) in ends.items():
+        for message, (_, ts_list) in ends.items():
             if ts_list:
-                anchors[name] = min(t - interval * i for i, t in enumerate(ts_list))
+                anchors[message] = min(t - interval * i for i, t in enumerate(ts_list))
         for sub in subscribers:
             for _, message_id, _, _, ts, _, chunk in sub.records:
                 if ts is not None and chunk >= 0:

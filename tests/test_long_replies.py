@@ -14,7 +14,7 @@ import pytest
 from app.live import frames
 from app.live.fanout import Fanout
 from app.live.items import PartStarted, TextDelta
-from app.live.outputs import DeltaOut
+from app.live.outputs import DeltaOut, Deltas, Out
 from app.runner.drivers.base import ToolCall
 from app.runner.progress import LiveStep
 from app.runner.streaming import StepConsumer
@@ -44,6 +44,17 @@ def started(session_id: uuid.UUID, message_id: uuid.UUID, text: str) -> PartStar
     return PartStarted(session_id, message_id, 1, "turn_1", part)
 
 
+def delta_outs(pending: list[Out]) -> list[DeltaOut]:
+    """The deltas a subscriber has queued, those of one pass's run each on its own."""
+    outs: list[DeltaOut] = []
+    for item in pending:
+        if isinstance(item, Deltas):
+            outs += item.items
+        elif isinstance(item, DeltaOut):
+            outs.append(item)
+    return outs
+
+
 def accumulated(out: DeltaOut) -> str:
     data = orjson.loads(out.sse_frame.split(b"data: ", 1)[1])
     text: str = data["data"]["accumulated"]
@@ -65,7 +76,8 @@ async def test_an_sse_frame_built_late_carries_the_text_as_it_stood_at_its_delta
     for offset, text in ((2, " there"), (8, ", you"), (13, "!")):
         fanout.deliver(delta(session_id, message_id, offset, text))
     await asyncio.sleep(0)  # live items reach the subscribers on the next turn
-    outs = [item for item in sub.pending if isinstance(item, DeltaOut)]
+    outs = delta_outs(sub.pending)
+    assert len(outs) == 3
     # Read last to first: each frame is built after every delta has arrived.
     assert [accumulated(out) for out in reversed(outs)] == [
         "Hi there, you!",
@@ -93,7 +105,7 @@ async def test_no_sse_frame_is_encoded_when_no_stream_asks(
     for index in range(200):
         fanout.deliver(delta(session_id, message_id, index, "x"))
     await asyncio.sleep(0)
-    outs = [item for item in sub.pending if isinstance(item, DeltaOut)]
+    outs = delta_outs(sub.pending)
     assert len(outs) == 200
     assert all(out.mutation_frame for out in outs)
     assert encoded == []
