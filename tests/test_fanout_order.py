@@ -83,6 +83,20 @@ def mutations(
     )
 
 
+async def close_stream(
+    pending: "asyncio.Future[bytes] | None",
+    stream: AsyncIterator[bytes],
+    fanout: Fanout,
+) -> None:
+    """End a test's stream: its read in progress, the stream, and its fan-out."""
+    if pending is not None and not pending.done():
+        pending.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pending
+    await stream.aclose()  # type: ignore[attr-defined]
+    await fanout.close()
+
+
 async def parked(fanout: Fanout, session_id: uuid.UUID) -> Subscription:
     """The stream's subscription, once the stream waits on it with nothing queued."""
     channel = fanout.channels[session_id]
@@ -162,12 +176,7 @@ async def test_live_items_queue_behind_a_read_and_skip_the_pump_otherwise(
         assert frame_names(chunk) == ["delta", "delta", "delta"]
         assert re.findall(rb'"text":"(\w)"', chunk) == [b"a", b"b", b"c"]
     finally:
-        if pending is not None and not pending.done():
-            pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pending
-        await stream.aclose()  # type: ignore[attr-defined]
-        await fanout.close()
+        await close_stream(pending, stream, fanout)
 
 
 async def test_deltas_of_one_pass_go_to_the_socket_in_one_write(
@@ -206,12 +215,7 @@ async def test_deltas_of_one_pass_go_to_the_socket_in_one_write(
         # Written from the pass: the stream's own task had nothing to write.
         assert not pending.done()
     finally:
-        if pending is not None and not pending.done():
-            pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pending
-        await stream.aclose()  # type: ignore[attr-defined]
-        await fanout.close()
+        await close_stream(pending, stream, fanout)
 
 
 async def test_a_waiter_for_a_turns_end_takes_no_live_items(running: Running) -> None:
